@@ -1,0 +1,29 @@
+# `make test` and `make demo` work on a fresh machine: they make the virtualenv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint demo migrate clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The database: DATABASE_URL when set, else the local PostgreSQL when it answers, else
+# SQLite (the concurrency tests are then skipped, and pytest says so).
+test: $(STAMP)
+	@eval "$$($(PY) bin/test-database)" && $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+migrate: $(STAMP)
+	DEBUG=1 $(PY) manage.py migrate
+
+clean:
+	rm -rf $(VENV) var/*.sqlite3* .pytest_cache

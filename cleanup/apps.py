@@ -1,0 +1,23 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class CleanupConfig(AppConfig):
+    name = "cleanup"
+    verbose_name = "Events and cleanup"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from django_q.signals import post_spawn
+
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .tasks import on_worker_start
+
+        post_migrate.connect(_ensure_schedule_after_migrate, sender=self)
+        post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
+
+
+def _ensure_schedule_after_migrate(sender, using=None, **kwargs):
+    from .tasks import ensure_schedule
+
+    ensure_schedule()

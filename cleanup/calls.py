@@ -1,0 +1,247 @@
+"""Calling modules: under a deadline, never throwing, and classifying every answer.
+
+This is the only place the engine reads what a module said. Each classifier turns an
+untrusted answer into a verdict, and no shape a failure can take reads as success: only
+a dict whose ``ok`` is exactly ``True`` is one, and then only when the rest of it has the
+shape the contract promises.
+"""
+
+import enum
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from .conf import default_budget_ms
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a call produced: the raw answer, or why there is none."""
+
+    raw: object = None
+    timed_out: bool = False
+    exception: str | None = None
+
+    @property
+    def problem(self):
+        return self.exception
+
+
+def budget_of(entry):
+    budget = getattr(entry, "budget_ms", None)
+    return budget if isinstance(budget, int) and budget > 0 else default_budget_ms()
+
+
+def call(fn, *, budget_ms, what, **kwargs):
+    """Call ``fn(**kwargs)`` and wait at most ``budget_ms`` for it. Never raises.
+
+    The call runs in a daemon thread, so a module that hangs costs the caller its budget
+    and no more; the thread is abandoned, not stopped, which is why the module contract
+    asks for idempotent calls. The call happens outside any database transaction of the
+    caller's, in a thread with its own connections, which it closes when it ends.
+    """
+    box = {}
+    finished = threading.Event()
+
+    def target():
+        try:
+            box["raw"] = fn(**kwargs)
+        except BaseException as exc:  # a module's failure is an answer, not a crash
+            box["exc"] = f"{what} raised {type(exc).__name__}: {exc}"
+        finally:
+            connections.close_all()
+            finished.set()
+
+    worker = threading.Thread(target=target, name=f"module-call:{what}", daemon=True)
+    worker.start()
+    if not finished.wait(budget_ms / 1000):
+        logger.warning("%s did not answer within %s ms", what, budget_ms)
+        return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms")
+    if "exc" in box:
+        logger.warning("%s", box["exc"])
+        return Answer(exception=box["exc"])
+    return Answer(raw=box.get("raw"))
+
+
+def _shape(raw):
+    if raw is None:
+        return "nothing"
+    return f"a {type(raw).__name__}"
+
+
+def _failure_text(raw, what):
+    """The error a non-success answer carries, or a sentence saying what was wrong."""
+    if isinstance(raw, dict):
+        error = raw.get("error")
+        if isinstance(error, str) and error.strip():
+            return error.strip()
+        if "ok" not in raw:
+            return f"{what} answered a dict without `ok`"
+        if raw.get("ok") is not False:
+            return f"{what} answered ok={raw.get('ok')!r}, which is not true"
+        return f"{what} refused without saying why"
+    return f"{what} answered {_shape(raw)} instead of an envelope"
+
+
+def _is_success(raw):
+    return isinstance(raw, dict) and raw.get("ok") is True
+
+
+class Outcome(enum.StrEnum):
+    DONE = "done"
+    DRIFTED = "drifted"
+    RETRY = "retry"
+    TERMINAL = "terminal"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classified answer to a revert or a restore."""
+
+    outcome: Outcome
+    error: str = ""
+    failed: frozenset = field(default_factory=frozenset)
+    current: object = None
+
+    @classmethod
+    def terminal(cls, error):
+        return cls(Outcome.TERMINAL, error=error)
+
+    @classmethod
+    def retry(cls, error):
+        return cls(Outcome.RETRY, error=error)
+
+
+def _failure_verdict(raw, what):
+    if isinstance(raw, dict) and raw.get("drifted") is True:
+        current = raw.get("current")
+        return Verdict(
+            Outcome.DRIFTED,
+            error=f"the value is now {current!r}, not what this run applied, so it was left alone",
+            current=current,
+        )
+    error = _failure_text(raw, what)
+    if isinstance(raw, dict) and raw.get("retry") is False:
+        return Verdict.terminal(error)
+    return Verdict.retry(error)
+
+
+def classify_revert(answer, what, refs=()):
+    """A revert's or a restore's answer as a `Verdict`.
+
+    ``refs`` are the refs the call was asked about: a ``failed`` list that names anything
+    else is a malformed answer, and a malformed answer is a failure to retry.
+    """
+    if answer.exception:
+        return Verdict.retry(answer.exception)
+    raw = answer.raw
+    if not _is_success(raw):
+        return _failure_verdict(raw, what)
+    failed = raw.get("failed", [])
+    if failed is None:
+        failed = []
+    if not isinstance(failed, list) or not all(isinstance(r, str) for r in failed):
+        return Verdict.retry(f"{what} answered `failed` that is not a list of refs: {failed!r}")
+    unknown = sorted(set(failed) - {str(r) for r in refs})
+    if unknown:
+        return Verdict.retry(f"{what} named refs it was not asked about as failed: {unknown}")
+    return Verdict(Outcome.DONE, failed=frozenset(failed))
+
+
+@dataclass(frozen=True)
+class Performed:
+    """The classified answer to a perform: resources on success, else an error."""
+
+    ok: bool
+    resources: tuple = ()
+    error: str = ""
+    retry: bool = True
+
+
+def _resource_problem(index, item):
+    if not isinstance(item, dict):
+        return f"resources[{index}] is {_shape(item)}, not a dict"
+    for name in ("kind", "ref"):
+        value = item.get(name)
+        if not isinstance(value, str) or not value.strip():
+            return f"resources[{index}].{name} must be a non-empty string, got {value!r}"
+    if item["kind"] in ("step", "override"):
+        return f"resources[{index}].kind {item['kind']!r} is reserved for the engine"
+    payload = item.get("payload", {})
+    if payload is not None and not isinstance(payload, dict):
+        return f"resources[{index}].payload must be a dict, got {_shape(payload)}"
+    member_key = item.get("member_key", "")
+    if member_key is not None and not isinstance(member_key, str):
+        return f"resources[{index}].member_key must be a string, got {_shape(member_key)}"
+    return None
+
+
+def classify_perform(answer, what):
+    if answer.exception:
+        return Performed(ok=False, error=answer.exception)
+    raw = answer.raw
+    if not _is_success(raw):
+        return Performed(
+            ok=False,
+            error=_failure_text(raw, what),
+            retry=not (isinstance(raw, dict) and raw.get("retry") is False),
+        )
+    resources = raw.get("resources", [])
+    if resources is None:
+        resources = []
+    if not isinstance(resources, list):
+        return Performed(ok=False, error=f"{what} answered `resources` that is not a list")
+    for index, item in enumerate(resources):
+        problem = _resource_problem(index, item)
+        if problem:
+            return Performed(ok=False, error=f"{what}: {problem}")
+    cleaned = tuple(
+        {
+            "kind": item["kind"],
+            "ref": item["ref"],
+            "payload": dict(item.get("payload") or {}),
+            "member_key": item.get("member_key") or "",
+        }
+        for item in resources
+    )
+    return Performed(ok=True, resources=cleaned)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A classified answer to a call that returns one value (read, apply, reconcile)."""
+
+    ok: bool
+    value: object = None
+    error: str = ""
+    retry: bool = True
+
+
+def classify_reply(answer, what, key=None):
+    """Success needs ``ok is True`` and, when ``key`` is given, that key in the answer."""
+    if answer.exception:
+        return Reply(ok=False, error=answer.exception)
+    raw = answer.raw
+    if not _is_success(raw):
+        return Reply(
+            ok=False,
+            error=_failure_text(raw, what),
+            retry=not (isinstance(raw, dict) and raw.get("retry") is False),
+        )
+    if key is not None and key not in raw:
+        return Reply(ok=False, error=f"{what} answered ok without `{key}`")
+    return Reply(ok=True, value=raw.get(key) if key else None)
+
+
+def classify_reconcile(answer, what):
+    """The set of refs still in force, or a Reply whose ``ok`` is False: "I do not know"."""
+    reply = classify_reply(answer, what, key="in_force")
+    if not reply.ok:
+        return reply
+    if not isinstance(reply.value, list) or not all(isinstance(r, str) for r in reply.value):
+        return Reply(ok=False, error=f"{what} answered `in_force` that is not a list of refs")
+    return Reply(ok=True, value=frozenset(reply.value))

@@ -1,0 +1,80 @@
+"""The ledger's write half: what a step records before and after it acts.
+
+The order is the point. A step writes its placeholder before it performs, so a worker
+that dies mid-perform still leaves a row the sweep will give back (by the step's
+idempotency key); a lease is reserved before it is applied, so a crash between the two
+still restores the baseline. Each row keeps the action id in its payload because a row
+outlives its step.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import registry
+from .models import LEASE_KIND, STEP_KIND, Resource, ResourceState
+
+
+def write_placeholder(step, module):
+    """The write-ahead row of one step (kind ``step``), once per step however often it runs."""
+    placeholder, _ = Resource.objects.get_or_create(
+        step=step,
+        kind=STEP_KIND,
+        defaults={
+            "run_id": step.run_id,
+            "module": module,
+            "ref": step.idempotency_key,
+            "payload": {"action": step.action_id, "idempotency_key": step.idempotency_key},
+        },
+    )
+    return placeholder
+
+
+def record_resources(step, module, resources):
+    """Ledger what a step reports it made; ``resources`` are classified entries.
+
+    A ref the step already recorded (a retried perform reporting the same creature) is
+    not recorded twice.
+    """
+    if not resources:
+        return []
+    now = timezone.now()
+    with transaction.atomic():
+        known = set(
+            Resource.objects.filter(step=step)
+            .exclude(kind=STEP_KIND)
+            .values_list("kind", "ref")
+        )
+        rows = []
+        for item in resources:
+            if (item["kind"], item["ref"]) in known:
+                continue
+            known.add((item["kind"], item["ref"]))
+            payload = dict(item.get("payload") or {})
+            payload.setdefault("action", step.action_id)
+            rows.append(
+                Resource(
+                    run_id=step.run_id,
+                    step=step,
+                    module=module,
+                    kind=item["kind"],
+                    ref=item["ref"],
+                    member_key=item.get("member_key") or "",
+                    payload=payload,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        return Resource.objects.bulk_create(rows)
+
+
+def reserve_lease(step, lease, target, baseline, applied):
+    """Record a lease (kind ``override``) before it is applied; answers the row."""
+    return Resource.objects.create(
+        run_id=step.run_id,
+        step=step,
+        module=lease.module,
+        kind=LEASE_KIND,
+        ref=registry.lease_ref(lease.id, target),
+        payload={"baseline": baseline, "applied": applied, "action": step.action_id},
+        state=ResourceState.LIVE,
+    )

@@ -1,0 +1,32 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from cleanup.reconcile import UnknownModule, reconcile_all, reconcile_module
+
+
+class Command(BaseCommand):
+    help = "Ask modules which ledgered resources are still in the world."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--module", help="reconcile this module only (default: every module)")
+        parser.add_argument(
+            "--restarted",
+            action="store_true",
+            help="as after a backend restart: also ask about recently given-back resources",
+        )
+
+    def handle(self, *args, module=None, restarted=False, **options):
+        if module is not None:
+            try:
+                summary = reconcile_module(module, restarted=restarted)
+            except UnknownModule as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(summary.line(module))
+            return
+        results = reconcile_all(restarted=restarted)
+        if not results:
+            self.stdout.write("reconciled 0 modules: no live rows")
+            return
+        self.stdout.write(
+            f"reconciled {len(results)} module(s): "
+            + "; ".join(summary.line(name) for name, summary in results.items())
+        )

@@ -1,0 +1,10 @@
+from django.core.management.base import BaseCommand
+
+from cleanup.sweep import sweep
+
+
+class Command(BaseCommand):
+    help = "Run the cleanup leg once: give back what ended runs still hold."
+
+    def handle(self, *args, **options):
+        self.stdout.write(sweep(by="command").line())

@@ -1,0 +1,292 @@
+"""Runs, their steps, the ledger of what they took, and their log.
+
+State changes that two workers may race on are conditional UPDATEs on these querysets:
+the filter says which state the row must still be in, and the row count says who won.
+"""
+
+import uuid
+from datetime import timedelta
+
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from .conf import ATTEMPTS_CEILING
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    COMPLETED = "completed", "completed"
+    CANCELLED = "cancelled", "cancelled"
+    ABORTED = "aborted", "aborted"
+
+
+TERMINAL = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.ABORTED)
+
+
+class CleanupStatus(models.TextChoices):
+    NOT_REQUIRED = "not_required", "not required"
+    PENDING = "pending", "pending"
+    COMPLETE = "complete", "complete"
+    INCOMPLETE = "incomplete", "incomplete"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+
+
+class ResourceState(models.TextChoices):
+    LIVE = "live", "live"
+    REVERTING = "reverting", "reverting"
+    REVERTED = "reverted", "reverted"
+    FAILED = "failed", "failed"
+    DRIFTED = "drifted", "drifted"
+    ORPHANED = "orphaned", "orphaned"
+    WAIVED = "waived", "waived"
+
+
+RESOLVED = (ResourceState.REVERTED, ResourceState.ORPHANED, ResourceState.WAIVED)
+UNRESOLVED = (
+    ResourceState.LIVE,
+    ResourceState.REVERTING,
+    ResourceState.FAILED,
+    ResourceState.DRIFTED,
+)
+# States the automatic sweep may claim from (a `reverting` row only once its claim expired).
+CLAIMABLE = (ResourceState.LIVE, ResourceState.FAILED)
+
+STEP_KIND = "step"
+LEASE_KIND = "override"
+
+
+class Run(models.Model):
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    cleanup_status = models.CharField(
+        max_length=16, choices=CleanupStatus.choices, default=CleanupStatus.NOT_REQUIRED
+    )
+    # Off after a cancel without cleanup (rule 7): the sweep leaves the run alone until
+    # a person asks for its cleanup.
+    auto_cleanup = models.BooleanField(default=True)
+    # When the runner should look at the run next (a `core.wait`, a step's backoff).
+    wake_at = models.DateTimeField(null=True, blank=True)
+    # The runner's claim on advancing the run: one ticker at a time performs its steps.
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        permissions = [("cleanup_run", "Can ask for a run's cleanup and waive ledger rows")]
+        indexes = [
+            # The runner's advance leg: running runs that are due.
+            models.Index(
+                fields=["wake_at"],
+                name="run_running_wake_idx",
+                condition=Q(status="running"),
+            ),
+        ]
+
+    def __str__(self):
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_terminal(self):
+        return self.status in TERMINAL
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveIntegerField()
+    action_id = models.CharField(max_length=200)
+    params = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=64, unique=True, editable=False)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "position"], name="step_run_position_uniq"),
+        ]
+
+    def __str__(self):
+        return f"{self.run_id}.{self.position} {self.action_id}"
+
+
+class ResourceQuerySet(models.QuerySet):
+    def unresolved(self):
+        return self.filter(state__in=UNRESOLVED)
+
+    def claimable(self, now, max_attempts):
+        """Rows the automatic sweep may claim now.
+
+        Retryable rows under the attempt ceiling whose backoff has passed, and rows
+        whose claim expired (a sweeper died holding them) that have attempts left.
+        """
+        fresh = Q(state__in=CLAIMABLE, retryable=True) & (
+            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+        )
+        abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
+        return self.filter(fresh | abandoned, revert_attempts__lt=max_attempts)
+
+    def retryable(self, max_attempts):
+        """Rows the automatic sweep will still try, now or after a backoff or a claim."""
+        return self.filter(
+            Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
+            | Q(state=ResourceState.REVERTING)
+        )
+
+    def claim(self, ids, token, now, timeout_s, max_attempts):
+        """Take the rows in `ids` that are still claimable; the count says how many.
+
+        Each claim counts one attempt. Taking over an abandoned claim counts another and
+        keeps the one the dead sweeper spent, so a module that kills its caller cannot
+        be retried for ever.
+        """
+        return self.filter(pk__in=ids).claimable(now, max_attempts).update(
+            state=ResourceState.REVERTING,
+            claim_token=token,
+            claim_expires_at=now + timedelta(seconds=timeout_s),
+            revert_attempts=F("revert_attempts") + 1,
+            updated_at=now,
+        )
+
+    def held_by(self, token):
+        return self.filter(state=ResourceState.REVERTING, claim_token=token)
+
+    def release_expired_at_ceiling(self, now, max_attempts):
+        """Abandoned claims with no attempt left become visible failures, not limbo."""
+        return self.filter(
+            state=ResourceState.REVERTING,
+            claim_expires_at__lt=now,
+            revert_attempts__gte=max_attempts,
+        ).update(
+            state=ResourceState.FAILED,
+            claim_token=None,
+            claim_expires_at=None,
+            last_error="the sweeper that claimed this stopped before it had an answer",
+            updated_at=now,
+        )
+
+
+class Resource(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resources")
+    step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="resources"
+    )
+    module = models.CharField(max_length=100)
+    kind = models.CharField(max_length=100)
+    ref = models.CharField(max_length=500)
+    member_key = models.CharField(max_length=200, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    state = models.CharField(
+        max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE
+    )
+    revert_attempts = models.PositiveIntegerField(default=0)
+    # False after a terminal verdict (no module, `retry: false`): only a person retries it.
+    retryable = models.BooleanField(default=True)
+    last_error = models.TextField(blank=True, default="")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Rule 14: the row this one records again after a backend rolled back to a save.
+    # One resurrection per row: two reconciles racing over the same restart cannot both
+    # record it again.
+    resurrected_from = models.OneToOneField(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="resurrection"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ResourceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(revert_attempts__gte=0) & Q(revert_attempts__lte=ATTEMPTS_CEILING),
+                name="resource_revert_attempts_bounds",
+            ),
+        ]
+        indexes = [
+            # cleanup.sweep: the runs with rows to claim, and a run's claimable rows.
+            models.Index(
+                fields=["run", "step"],
+                name="res_claimable_idx",
+                condition=Q(state__in=["live", "failed"], retryable=True),
+            ),
+            # cleanup.sweep: claims left behind by a sweeper that died.
+            models.Index(
+                fields=["claim_expires_at"],
+                name="res_reverting_idx",
+                condition=Q(state="reverting"),
+            ),
+            # cleanup.reconcile: a module's live rows.
+            models.Index(fields=["module", "step"], name="res_live_module_idx", condition=Q(state="live")),
+            # cleanup.reconcile after a restart: a module's recently reverted rows.
+            models.Index(
+                fields=["module", "resolved_at"],
+                name="res_reverted_module_idx",
+                condition=Q(state="reverted"),
+            ),
+            # cleanup.sweep, rule 13: unresolved leases stacked on one target.
+            models.Index(
+                fields=["ref", "id"],
+                name="res_open_lease_idx",
+                condition=Q(kind="override", state__in=["live", "reverting", "failed", "drifted"]),
+            ),
+            # Status of a run: its unresolved rows.
+            models.Index(
+                fields=["run"],
+                name="res_unresolved_idx",
+                condition=Q(state__in=["live", "reverting", "failed", "drifted"]),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind}:{self.ref}"
+
+    @property
+    def is_placeholder(self):
+        return self.kind == STEP_KIND
+
+    @property
+    def is_lease(self):
+        return self.kind == LEASE_KIND
+
+    @property
+    def action_id(self):
+        """The action that made this row: its step's, else the one its payload keeps."""
+        if self.step_id is not None and self.step is not None:
+            return self.step.action_id
+        payload = self.payload if isinstance(self.payload, dict) else {}
+        return payload.get("action") or None
+
+
+class RunLog(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log")
+    kind = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "kind"], name="runlog_run_kind_idx")]
+
+    def __str__(self):
+        return f"{self.run_id} {self.kind}"
+
+    @classmethod
+    def write(cls, run_id, kind, **detail):
+        return cls.objects.create(run_id=run_id, kind=kind, detail=detail)

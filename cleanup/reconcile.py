@@ -1,0 +1,203 @@
+"""Reconcile: asking a module which of its ledgered resources the world still has.
+
+A resource the module no longer has becomes ``orphaned``, never ``reverted``: nobody gave
+it back, it vanished while nobody was looking, and a person reading the ledger must be
+able to tell the two apart. Anything short of a clear answer (a timeout, an exception,
+a malformed envelope, no ``reconcile`` at all) leaves the ledger alone, because "I do
+not know" must never read as "it is gone".
+
+After a backend restart (rule 14), reconcile also asks about what was given back within
+``EVENT_RECONCILE_LOOKBACK_S``: a shard that rolled back to its last save may have
+brought some of it back, and each such resource is ledgered anew and given back again.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import calls, registry
+from .conf import setting
+from .models import LEASE_KIND, STEP_KIND, CleanupStatus, Resource, ResourceState, Run, RunLog
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownModule(LookupError):
+    pass
+
+
+@dataclass
+class ReconcileSummary:
+    asked: int = 0
+    in_force: int = 0
+    orphaned: int = 0
+    unanswered: int = 0
+    resurrected: int = 0
+
+    def line(self, name):
+        return (
+            f"reconciled {name}: asked {self.asked}, in force {self.in_force}, "
+            f"orphaned {self.orphaned}, unanswered {self.unanswered}, "
+            f"resurrected {self.resurrected}"
+        )
+
+
+def _groups(rows):
+    """Rows by the step that made them (a row without a step alone), placeholders skipped."""
+    groups = {}
+    for row in rows:
+        if row.kind == STEP_KIND:
+            continue
+        key = ("step", row.step_id) if row.step_id is not None else ("row", row.pk)
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
+def _ask(group):
+    """The refs in force among ``group``, or None when the module gave no clear answer."""
+    action_id = group[0].action_id
+    action = registry.get_action(action_id) if action_id else None
+    if action is None or not callable(getattr(action, "reconcile", None)):
+        return None, action_id
+    answer = calls.call(
+        action.reconcile,
+        budget_ms=calls.budget_of(action),
+        what=action_id,
+        run_id=group[0].run_id,
+        resources=[
+            {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
+            for r in group
+        ],
+    )
+    reply = calls.classify_reconcile(answer, action_id)
+    if not reply.ok:
+        logger.warning("reconcile of %s left the ledger alone: %s", action_id, reply.error)
+        return None, action_id
+    return reply.value, action_id
+
+
+def reconcile_module(name, restarted=False):
+    """Reconcile one module's live rows, and after a restart its recent reverts too."""
+    if name not in registry.modules() and not Resource.objects.filter(module=name).exists():
+        raise UnknownModule(f'no module is named "{name}"')
+    summary = ReconcileSummary()
+    live = (
+        Resource.objects.filter(module=name, state=ResourceState.LIVE)
+        .exclude(kind__in=(STEP_KIND, LEASE_KIND))
+        .select_related("step")
+        .order_by("id")
+    )
+    for group in _groups(live):
+        in_force, action_id = _ask(group)
+        if in_force is None:
+            summary.unanswered += len(group)
+            continue
+        summary.asked += len(group)
+        gone = [r for r in group if r.ref not in in_force]
+        summary.in_force += len(group) - len(gone)
+        summary.orphaned += _orphan(name, action_id, gone)
+    if restarted:
+        summary.resurrected = _resurrect(name)
+    return summary
+
+
+def _orphan(name, action_id, rows):
+    if not rows:
+        return 0
+    now = timezone.now()
+    orphaned = 0
+    with transaction.atomic():
+        for row in rows:
+            # One row at a time so the log names exactly the rows that changed: a row the
+            # sweep claimed meanwhile is not live any more and is not orphaned.
+            if Resource.objects.filter(pk=row.pk, state=ResourceState.LIVE).update(
+                state=ResourceState.ORPHANED,
+                last_error="the module reports this is no longer in the world",
+                resolved_at=now,
+                updated_at=now,
+            ):
+                orphaned += 1
+                RunLog.write(
+                    row.run_id,
+                    "resource.orphaned",
+                    module=name,
+                    action=action_id,
+                    resource=f"{row.kind}:{row.ref}",
+                    resource_id=row.pk,
+                )
+    return orphaned
+
+
+def _resurrect(name):
+    """Rule 14: record again what a rolled-back backend brought back, to give it back."""
+    since = timezone.now() - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
+    recent = (
+        Resource.objects.filter(
+            module=name,
+            state=ResourceState.REVERTED,
+            resolved_at__gte=since,
+            resurrection__isnull=True,
+        )
+        .exclude(kind__in=(STEP_KIND, LEASE_KIND))
+        .select_related("step")
+        .order_by("id")
+    )
+    count = 0
+    touched_runs = set()
+    for group in _groups(recent):
+        in_force, action_id = _ask(group)
+        if not in_force:
+            continue
+        for row in group:
+            if row.ref not in in_force:
+                continue
+            try:
+                with transaction.atomic():
+                    again = Resource.objects.create(
+                        run_id=row.run_id,
+                        step_id=row.step_id,
+                        module=row.module,
+                        kind=row.kind,
+                        ref=row.ref,
+                        member_key=row.member_key,
+                        payload=row.payload,
+                        resurrected_from=row,
+                    )
+                    RunLog.write(
+                        row.run_id,
+                        "resource.resurrected",
+                        module=name,
+                        action=action_id,
+                        resource=f"{row.kind}:{row.ref}",
+                        resource_id=again.pk,
+                        previous_id=row.pk,
+                    )
+            except IntegrityError:
+                continue  # another reconcile recorded it first
+            count += 1
+            touched_runs.add(row.run_id)
+    if touched_runs:
+        Run.objects.filter(pk__in=touched_runs).update(cleanup_status=CleanupStatus.PENDING)
+    return count
+
+
+def reconcile_all(restarted=False):
+    """Reconcile every module that owns a live row: what a worker does when it starts."""
+    names = sorted(
+        set(
+            Resource.objects.filter(state=ResourceState.LIVE)
+            .exclude(kind=STEP_KIND)
+            .values_list("module", flat=True)
+            .distinct()
+        )
+    )
+    results = {}
+    for name in names:
+        try:
+            results[name] = reconcile_module(name, restarted=restarted)
+        except Exception:
+            logger.exception("reconcile of module %s failed", name)
+    return results

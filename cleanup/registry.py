@@ -1,0 +1,201 @@
+"""The module registry: the public API through which a module plugs into events.
+
+A module is a Django app. In its ``AppConfig.ready()`` it registers its actions and
+leases::
+
+    from cleanup import registry
+
+    class SpawnAction(registry.Action):
+        id = "mymodule.spawn"
+        module = "mymodule"
+        budget_ms = 5_000
+
+        def perform(self, *, run_id, step_id, params, idempotency_key): ...
+        def revert(self, *, run_id, resources, idempotency_key): ...
+
+    registry.register_action(SpawnAction())
+
+Every callable takes keyword arguments and answers a dict, the *envelope*. The engine
+trusts no answer: only a dict whose ``ok`` is exactly ``True`` is success. ``None``, a
+list, a string, ``{"ok": "yes"}``, ``{"ok": 1}``, an exception or a call that outlives
+its budget are all failures. A call that is still running when its budget ends is
+abandoned, not cancelled: it may still land on the backend, which is why every call
+carries an idempotency key or an expected value.
+
+Failure envelopes, for every call: ``{"ok": False, "error": "what went wrong",
+"retry": True}`` (transient: tried again after a backoff) or ``"retry": False``
+(terminal: left for a person). A lease restore, or a revert, that finds somebody else's
+value in place answers ``{"ok": False, "drifted": True, "current": value}``: the engine
+leaves it alone and shows it to a person.
+"""
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class RegistryError(ValueError):
+    """A module tried to register something the registry cannot accept."""
+
+
+class Action:
+    """An action a step can perform. Subclass it, set ``id`` and ``module``.
+
+    ``id``: unique, conventionally ``"<module>.<verb>"``. ``module``: the module's name,
+    written on every ledger row the action makes. ``budget_ms``: the deadline of each
+    call (the ``EVENT_DEFAULT_BUDGET_MS`` setting when unset).
+
+    ``perform(*, run_id, step_id, params, idempotency_key)`` does the step and answers
+    ``{"ok": True, "resources": [{"kind": str, "ref": str, "payload": dict?,
+    "member_key": str?}, ...]}``, one entry per thing it created in the world. The same
+    ``idempotency_key`` may arrive twice (a retry after a timeout, a worker that died):
+    doing the work once per key is the module's job.
+
+    ``revert(*, run_id, resources, idempotency_key)`` (optional, but without it nothing
+    the action made can be given back) gives back a list of resources, each
+    ``{"kind", "ref", "payload", "member_key"}``, all made by one step, whose
+    ``idempotency_key`` it receives: the list may be empty when the step's worker died
+    before it could record what it made, so a module should give back whatever it made
+    under that key. It answers ``{"ok": True, "failed": [refs]}``: every ref not in
+    ``failed`` is taken as given back, and a thing that was already gone counts as given
+    back. ``failed`` may name only refs of the list.
+
+    ``reconcile(*, run_id, resources)`` (optional) answers which of the listed resources
+    are still in the world: ``{"ok": True, "in_force": [refs]}``. Refs left out are
+    recorded as gone (``orphaned``). Answer a failure when you cannot tell: not knowing
+    must never read as "gone".
+
+    ``validate(params)`` (optional) raises ``ValueError`` with a message naming the bad
+    field; it runs before a run is stored.
+    """
+
+    id = None
+    module = None
+    budget_ms = None
+    revert = None
+    reconcile = None
+    validate = None
+
+    def perform(self, *, run_id, step_id, params, idempotency_key):
+        raise NotImplementedError
+
+
+class Lease:
+    """A temporary override of a live property, such as a spawner's rate.
+
+    ``read(*, target)`` answers ``{"ok": True, "value": v}``, the value in force now.
+    ``apply(*, value, run_id, target)`` sets it and answers ``{"ok": True}``.
+    ``restore(*, baseline, expected, run_id, target)`` puts ``baseline`` back only if
+    the value in force is still ``expected`` (what this run applied) and answers
+    ``{"ok": True}``, also when the value already is the baseline. When somebody else's
+    value is in place it answers ``{"ok": False, "drifted": True, "current": value}``
+    and changes nothing.
+
+    The engine records the lease in the ledger (kind ``override``, ref
+    ``"<lease id>#<target>"``, payload ``{"baseline", "applied"}``) before it calls
+    ``apply``; several runs may lease one target at once, and the engine stacks them.
+    """
+
+    id = None
+    module = None
+    budget_ms = None
+
+    def read(self, *, target):
+        raise NotImplementedError
+
+    def apply(self, *, value, run_id, target):
+        raise NotImplementedError
+
+    def restore(self, *, baseline, expected, run_id, target):
+        raise NotImplementedError
+
+
+_actions = {}
+_leases = {}
+
+
+def _check_entry(entry, kind, required):
+    for attr in ("id", "module"):
+        value = getattr(entry, attr, None)
+        if not isinstance(value, str) or not value.strip():
+            raise RegistryError(f"a {kind} needs a non-empty string `{attr}`, got {value!r}")
+    if "#" in entry.id:
+        raise RegistryError(f"{kind} id {entry.id!r} may not contain '#'")
+    budget = getattr(entry, "budget_ms", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise RegistryError(f"{kind} {entry.id!r}: budget_ms must be a positive whole number")
+    for name in required:
+        if not callable(getattr(entry, name, None)):
+            raise RegistryError(f"{kind} {entry.id!r} has no callable `{name}`")
+
+
+def _register(table, entry, kind, required):
+    _check_entry(entry, kind, required)
+    current = table.get(entry.id)
+    if current is not None and current is not entry:
+        raise RegistryError(
+            f"{kind} {entry.id!r} is already registered by module {current.module!r}"
+        )
+    table[entry.id] = entry
+    return entry
+
+
+def register_action(action):
+    """Register an action (an `Action`, or any object with the same attributes)."""
+    return _register(_actions, action, "action", ("perform",))
+
+
+def register_lease(lease):
+    """Register a lease (a `Lease`, or any object with the same attributes)."""
+    return _register(_leases, lease, "lease", ("read", "apply", "restore"))
+
+
+def unregister_module(name):
+    """Remove every action and lease of one module, as when it is uninstalled."""
+    for table in (_actions, _leases):
+        for key in [k for k, v in table.items() if v.module == name]:
+            del table[key]
+
+
+def get_action(action_id):
+    return _actions.get(action_id)
+
+
+def get_lease(lease_id):
+    return _leases.get(lease_id)
+
+
+def lease_ref(lease_id, target):
+    return f"{lease_id}#{target}"
+
+
+def lease_for_ref(ref):
+    """The lease and target a ledger ref names, as ``(lease or None, target)``."""
+    lease_id, _, target = str(ref).partition("#")
+    return _leases.get(lease_id), target
+
+
+def actions():
+    return dict(_actions)
+
+
+def leases():
+    return dict(_leases)
+
+
+def modules():
+    """The names of every registered module."""
+    return sorted({e.module for e in (*_actions.values(), *_leases.values())})
+
+
+def backend_restarted(name):
+    """Tell the engine that a module's backend restarted (it saw a new boot id).
+
+    Queues a reconcile of the module that also looks at what was given back recently
+    (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save may
+    have brought some of it back.
+    """
+    from .tasks import queue_reconcile
+
+    logger.info("module %s reports that its backend restarted", name)
+    return queue_reconcile(module=name, restarted=True)

@@ -1,0 +1,492 @@
+"""The undo half: giving back, from the ledger alone, what a terminal run took.
+
+One function gives back one run (`cleanup_run`), and the sweep leg (`sweep`) calls it
+for every terminal run that still owes the world something. Work is found from the rows
+themselves, never from a flag: a run whose only row is a lease is cleaned like any other.
+
+A pass works a run's rows in groups. A lease row is a group of one, restored through its
+lease; the other rows are grouped by the step that made them and given back with one
+``revert`` call, keyed by the step's idempotency key. Each group is claimed first, with a
+conditional UPDATE that stamps a claim token and an expiry on its rows, then the module is
+called outside any transaction, then the verdict is written back only to rows that still
+carry that token: a sweeper whose claim expired and was taken over changes nothing.
+"""
+
+import logging
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from . import calls, registry
+from .calls import Outcome, Verdict
+from .conf import claim_timeout_s, max_revert_attempts, setting
+from .models import (
+    LEASE_KIND,
+    STEP_KIND,
+    TERMINAL,
+    UNRESOLVED,
+    CleanupStatus,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class CleanupRefused(Exception):
+    """A cleanup that cannot be asked for, such as one of a run still in flight."""
+
+
+# What `give_back_lease` answers when the lease handed its baseline down (rule 13) and
+# its row is already resolved.
+HANDED_DOWN = object()
+
+
+@dataclass
+class Summary:
+    attempted: int = 0
+    reverted: int = 0
+    drifted: int = 0
+    failed: int = 0
+    remaining: int = 0
+
+    def add(self, other):
+        for name in ("attempted", "reverted", "drifted", "failed", "remaining"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Rows given back by one call: a lease row, a step's rows, or one loose row."""
+
+    kind: str  # "lease", "step" or "row"
+    key: int  # the lease row's id, the step's id, or the loose row's id
+    row_ids: tuple
+
+
+def plan_groups(run, now, limit=None):
+    """The claimable groups of a run, at most ``limit`` of them, leases first.
+
+    Reads ids only, so a run with a great many rows costs one narrow query here, and
+    each group is fetched once it is claimed.
+    """
+    rows = (
+        Resource.objects.filter(run=run)
+        .claimable(now, max_revert_attempts())
+        .order_by("id")
+        .values_list("id", "kind", "step_id")
+    )
+    leases, by_step, loose = [], {}, []
+    for row_id, kind, step_id in rows:
+        if kind == LEASE_KIND:
+            leases.append(Group("lease", row_id, (row_id,)))
+        elif step_id is None:
+            loose.append(Group("row", row_id, (row_id,)))
+        else:
+            by_step.setdefault(step_id, []).append(row_id)
+    steps = [Group("step", step_id, tuple(ids)) for step_id, ids in by_step.items()]
+    groups = leases + steps + loose
+    return groups if limit is None else groups[:limit]
+
+
+def cleanup_run(run, *, reset=False, actor=None, by=None):
+    """Give back what one terminal run still holds; answers a `Summary`.
+
+    ``reset`` is a person's request (the admin action, the API, ``cleanup_run --reset``):
+    it puts every unresolved row of the run back under the attempt ceiling, as the only
+    path that lowers a counter. The automatic sweep never sets it.
+    """
+    run = Run.objects.get(pk=run.pk)
+    if not run.is_terminal:
+        raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
+    if reset:
+        reset_for_person(run, actor)
+    summary = Summary()
+    now = timezone.now()
+    for group in plan_groups(run, now, limit=setting("EVENT_CLEANUP_GROUPS_PER_RUN")):
+        try:
+            work_group(run, group, summary)
+        except Exception:
+            # A database error in one group must not cost the others their turn; the
+            # group's claim expires and a later pass takes it again.
+            logger.exception("cleanup of run %s, %s group %s failed", run.pk, group.kind, group.key)
+    summary.remaining = refresh_cleanup_status(run)
+    if summary.attempted:
+        RunLog.write(run.pk, "cleanup.swept", **asdict(summary), by=actor or by)
+    return summary
+
+
+def reset_for_person(run, actor):
+    """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep."""
+    now = timezone.now()
+    rows = Resource.objects.filter(run=run).filter(
+        Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED))
+        | Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
+    )
+    with transaction.atomic():
+        ids = list(rows.values_list("id", flat=True))
+        Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(
+            state=ResourceState.LIVE
+        )
+        cleared = rows.filter(pk__in=ids).update(
+            revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
+        )
+        Run.objects.filter(pk=run.pk).update(
+            cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now
+        )
+        RunLog.write(run.pk, "cleanup.retry", resources=cleared, by=actor)
+    return cleared
+
+
+def work_group(run, group, summary):
+    token = uuid.uuid4()
+    now = timezone.now()
+    timeout = claim_timeout_s()
+    claimed = Resource.objects.claim(group.row_ids, token, now, timeout, max_revert_attempts())
+    if not claimed:
+        return
+    rows = list(Resource.objects.held_by(token).select_related("step").order_by("id"))
+    if not rows:
+        return
+    summary.attempted += len(rows)
+    if group.kind == "lease":
+        verdict, what = give_back_lease(run, rows[0], token)
+    else:
+        verdict, what = give_back_rows(run, rows, timeout)
+    if verdict is HANDED_DOWN:
+        summary.reverted += 1
+    else:
+        apply_verdict(run, rows, token, verdict, what, summary)
+
+
+def _deadline_ms(entry, claim_timeout):
+    # A call never outlives the claim that covers it, or a second sweeper could take
+    # the rows while the first is still waiting for the module's answer.
+    return max(1, min(calls.budget_of(entry), claim_timeout * 1000 - 1000))
+
+
+def give_back_rows(run, rows, claim_timeout):
+    """One ``revert`` call for a step's rows (or one loose row)."""
+    first = rows[0]
+    step = first.step
+    action_id = first.action_id
+    if not action_id:
+        return Verdict.terminal("nothing records which action created this"), None
+    action = registry.get_action(action_id)
+    if action is None:
+        return (
+            Verdict.terminal(
+                f'no module registers the action "{action_id}", so its resources cannot be given back'
+            ),
+            action_id,
+        )
+    if not callable(getattr(action, "revert", None)):
+        return Verdict.terminal(f"{action_id} declares no revert(), so nothing it made can be given back"), action_id
+    resources = [
+        {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
+        for r in rows
+        if r.kind != STEP_KIND
+    ]
+    if step is not None:
+        key = step.idempotency_key
+    else:
+        key = (first.payload or {}).get("idempotency_key") or first.ref
+    answer = calls.call(
+        action.revert,
+        budget_ms=_deadline_ms(action, claim_timeout),
+        what=action_id,
+        run_id=run.pk,
+        resources=resources,
+        idempotency_key=key,
+    )
+    return calls.classify_revert(answer, action_id, refs=[r["ref"] for r in resources]), action_id
+
+
+def give_back_lease(run, row, token):
+    """Restore one lease, or hand its baseline down to a newer lease on the same target.
+
+    Rule 13: while a newer lease on the target is unresolved, the value in force is that
+    lease's, so restoring this one would undo it. The older lease instead hands its
+    baseline to the next newer one and resolves; only the newest calls ``restore``, and
+    the last to end puts back the value from before the first began.
+    """
+    lease, target = registry.lease_for_ref(row.ref)
+    if lease is None:
+        return Verdict.terminal(f'no module registers the lease "{row.ref}"'), row.ref
+    payload = row.payload if isinstance(row.payload, dict) else {}
+    if "baseline" not in payload or "applied" not in payload:
+        return Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref
+    handed = hand_down(run, row, token)
+    if handed is not None:
+        return handed, row.ref
+    answer = calls.call(
+        lease.restore,
+        budget_ms=_deadline_ms(lease, claim_timeout_s()),
+        what=row.ref,
+        baseline=payload["baseline"],
+        expected=payload["applied"],
+        run_id=run.pk,
+        target=target,
+    )
+    verdict = calls.classify_revert(answer, row.ref)
+    if verdict.outcome == Outcome.DRIFTED:
+        # A run may have leased the target between our look and our restore: its value
+        # is the "drift", and the baseline is its to put back.
+        handed = hand_down(run, row, token)
+        if handed is not None:
+            return handed, row.ref
+    return verdict, row.ref
+
+
+def hand_down(run, row, token):
+    """Give this lease's baseline to the next newer unresolved lease on its target.
+
+    Answers None when there is no newer lease (this one must restore), `HANDED_DOWN`
+    once this row is resolved, or a verdict to write when the hand-down must wait.
+    """
+    with transaction.atomic():
+        newer = (
+            Resource.objects.select_for_update()
+            .filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED, id__gt=row.id)
+            .order_by("id")
+            .first()
+        )
+        if newer is None:
+            return None
+        if newer.state == ResourceState.REVERTING and newer.claim_expires_at > timezone.now():
+            return Verdict.retry(
+                f"a newer lease on this target (row {newer.pk}) is being restored; try again after it"
+            )
+        baseline = row.payload["baseline"]
+        newer_payload = dict(newer.payload or {})
+        newer_payload["baseline"] = baseline
+        Resource.objects.filter(pk=newer.pk).update(payload=newer_payload, updated_at=timezone.now())
+        resolved = Resource.objects.held_by(token).filter(pk=row.pk).update(
+            state=ResourceState.REVERTED,
+            claim_token=None,
+            claim_expires_at=None,
+            last_error="",
+            resolved_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+        if not resolved:
+            # Our claim was taken over: leave the newer row as it was.
+            transaction.set_rollback(True)
+            return Verdict.retry("the claim on this lease expired before it could be handed down")
+        RunLog.write(
+            run.pk,
+            "cleanup.reverted",
+            what=row.ref,
+            outcome="handed_down",
+            resources=[f"{row.kind}:{row.ref}"],
+            baseline=baseline,
+            to_resource=newer.pk,
+            to_run=newer.run_id,
+        )
+    return HANDED_DOWN
+
+
+def apply_verdict(run, rows, token, verdict, what, summary):
+    """Write one verdict on the rows still held by ``token``, and log it once."""
+    now = timezone.now()
+    held = Resource.objects.held_by(token)
+    release = {"claim_token": None, "claim_expires_at": None, "updated_at": now}
+    ids = [r.pk for r in rows]
+    if verdict.outcome == Outcome.DONE:
+        failed_ids = [r.pk for r in rows if r.ref in verdict.failed and r.kind != STEP_KIND]
+        done_ids = [i for i in ids if i not in failed_ids]
+        written = held.filter(pk__in=done_ids).update(
+            state=ResourceState.REVERTED, last_error="", resolved_at=now, **release
+        )
+        summary.reverted += written
+        if failed_ids:
+            error = f'{what} could not give back {", ".join(sorted(verdict.failed))}'
+            failed_rows = [r for r in rows if r.pk in failed_ids]
+            written_failed = _fail(held, failed_rows, error, now, release, retryable=True)
+            summary.failed += written_failed
+            written += written_failed
+    elif verdict.outcome == Outcome.DRIFTED:
+        written = held.filter(pk__in=ids).update(
+            state=ResourceState.DRIFTED, last_error=verdict.error, **release
+        )
+        summary.drifted += written
+    else:
+        written = _fail(
+            held, rows, verdict.error, now, release, retryable=verdict.outcome == Outcome.RETRY
+        )
+        summary.failed += written
+    if not written:
+        logger.warning("the verdict on %s for run %s came after its claim was taken over", what, run.pk)
+        return
+    detail = {
+        "what": what,
+        "outcome": str(verdict.outcome),
+        "resources": [f"{r.kind}:{r.ref}" for r in rows],
+    }
+    if verdict.error:
+        detail["error"] = verdict.error
+    if verdict.outcome == Outcome.DONE and verdict.failed:
+        detail["failed"] = sorted(verdict.failed)
+    if verdict.outcome == Outcome.DRIFTED:
+        detail["current"] = verdict.current
+    kind = "cleanup.reverted" if verdict.outcome == Outcome.DONE and not verdict.failed else "cleanup.failed"
+    RunLog.write(run.pk, kind, **detail)
+
+
+def _fail(held, rows, error, now, release, retryable):
+    """Mark rows failed; a retryable failure waits out a backoff that doubles per attempt."""
+    if not retryable:
+        return held.filter(pk__in=[r.pk for r in rows]).update(
+            state=ResourceState.FAILED, last_error=error, retryable=False, **release
+        )
+    backoff = setting("EVENT_REVERT_BACKOFF_S")
+    by_attempts = {}
+    for r in rows:
+        by_attempts.setdefault(r.revert_attempts, []).append(r.pk)
+    written = 0
+    for attempts, ids in by_attempts.items():
+        wait = timedelta(seconds=backoff * 2 ** max(0, attempts - 1))
+        written += held.filter(pk__in=ids).update(
+            state=ResourceState.FAILED, last_error=error, next_attempt_at=now + wait, **release
+        )
+    return written
+
+
+def refresh_cleanup_status(run):
+    """Set a run's cleanup status from its rows; answers how many are unresolved.
+
+    Under a lock on the run row, so that of two sweepers finishing together the one that
+    writes last has also counted last.
+    """
+    max_attempts = max_revert_attempts()
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().filter(pk=run.pk).first()
+        if locked is None:
+            return 0
+        counts = Resource.objects.filter(run=run).aggregate(
+            total=Count("id"),
+            unresolved=Count("id", filter=Q(state__in=UNRESOLVED)),
+        )
+        if counts["unresolved"] == 0:
+            status = CleanupStatus.COMPLETE if counts["total"] else CleanupStatus.NOT_REQUIRED
+        elif locked.auto_cleanup and Resource.objects.filter(run=run).retryable(max_attempts).exists():
+            status = CleanupStatus.PENDING
+        else:
+            status = CleanupStatus.INCOMPLETE
+        if locked.cleanup_status != status:
+            Run.objects.filter(pk=run.pk).update(cleanup_status=status, updated_at=timezone.now())
+        run.cleanup_status = status
+    return counts["unresolved"]
+
+
+@dataclass
+class SweepResult:
+    runs: int = 0
+    summary: Summary = None
+    released: int = 0
+
+    def line(self):
+        s = self.summary
+        return (
+            f"swept {self.runs} run(s): attempted {s.attempted}, reverted {s.reverted}, "
+            f"drifted {s.drifted}, failed {s.failed}, remaining {s.remaining}"
+        )
+
+
+def runs_needing_cleanup(now, limit):
+    """Ids of terminal runs in the automatic sweep that have rows to claim now."""
+    return list(
+        Resource.objects.claimable(now, max_revert_attempts())
+        .filter(run__status__in=TERMINAL, run__auto_cleanup=True)
+        .values_list("run_id", flat=True)
+        .distinct()
+        .order_by("run_id")[:limit]
+    )
+
+
+def sweep(by="sweep"):
+    """The cleanup leg: one pass over at most ``EVENT_CLEANUP_RUN_BATCH`` runs."""
+    now = timezone.now()
+    result = SweepResult(summary=Summary())
+    result.released = _release_spent_claims(now)
+    for run in Run.objects.filter(pk__in=runs_needing_cleanup(now, setting("EVENT_CLEANUP_RUN_BATCH"))):
+        try:
+            result.summary.add(cleanup_run(run, by=by))
+            result.runs += 1
+        except Exception:
+            logger.exception("cleanup of run %s failed", run.pk)
+    return result
+
+
+def _release_spent_claims(now):
+    """Claims of dead sweepers with no attempt left become failures a person can see."""
+    max_attempts = max_revert_attempts()
+    run_ids = set(
+        Resource.objects.filter(
+            state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_attempts
+        ).values_list("run_id", flat=True)
+    )
+    released = Resource.objects.release_expired_at_ceiling(now, max_attempts)
+    for run in Run.objects.filter(pk__in=run_ids):
+        refresh_cleanup_status(run)
+    return released
+
+
+def cleanup_plan(run):
+    """What a pass would do for a run now, group by group, without doing any of it (rule 12)."""
+    max_attempts = max_revert_attempts()
+    rows = {
+        r.pk: r
+        for r in Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("step")
+    }
+    leases, by_step, loose = [], {}, []
+    for row in sorted(rows.values(), key=lambda r: r.pk):
+        if row.kind == LEASE_KIND:
+            leases.append([row])
+        elif row.step_id is None:
+            loose.append([row])
+        else:
+            by_step.setdefault(row.step_id, []).append(row)
+    plan = []
+    for group in leases + list(by_step.values()) + loose:
+        first = group[0]
+        if first.kind == LEASE_KIND:
+            lease, _ = registry.lease_for_ref(first.ref)
+            verb = f"{lease.id}.restore" if lease else None
+            problem = None if lease else f'no module registers the lease "{first.ref}"'
+        else:
+            action = registry.get_action(first.action_id) if first.action_id else None
+            has_revert = action is not None and callable(getattr(action, "revert", None))
+            verb = f"{first.action_id}.revert" if has_revert else None
+            problem = None if has_revert else f'no module can give back what "{first.action_id}" made'
+        plan.append(
+            {
+                "verb": verb,
+                "problem": problem,
+                "rows": [
+                    {
+                        "id": r.pk,
+                        "kind": r.kind,
+                        "ref": r.ref,
+                        "state": r.state,
+                        "attempts": r.revert_attempts,
+                        "attempts_left": _attempts_left(r, max_attempts),
+                        "last_error": r.last_error,
+                    }
+                    for r in group
+                ],
+            }
+        )
+    return plan
+
+
+def _attempts_left(row, max_attempts):
+    if not row.retryable or row.state not in (ResourceState.LIVE, ResourceState.FAILED):
+        return 0
+    return max(0, max_attempts - row.revert_attempts)

@@ -1,0 +1,108 @@
+"""django-q2 entry points, the schedule, and queueing work the moment it appears.
+
+Each task is a few lines over the engine. django-q2 may hand a task out twice (a worker
+killed mid-task, an acknowledgement that came late), so none of these relies on running
+once: the ledger's claims are what keep two workers off one row.
+"""
+
+import logging
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_NAME = "cleanup: sweep"
+SCHEDULE_FUNC = "cleanup.tasks.sweep_task"
+
+
+def sweep_task():
+    from .sweep import sweep
+
+    return sweep(by="schedule").line()
+
+
+def cleanup_run_task(run_id, actor=None):
+    from .models import Run
+    from .sweep import cleanup_run
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or not run.is_terminal:
+        return f"run {run_id} is not there or not ended; nothing to clean"
+    summary = cleanup_run(run, by=actor or "queue")
+    return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
+
+
+def reconcile_task(module=None, restarted=False):
+    from .reconcile import reconcile_all, reconcile_module
+
+    if module is None:
+        results = reconcile_all(restarted=restarted)
+        return {name: vars(summary) for name, summary in results.items()}
+    summary = reconcile_module(module, restarted=restarted)
+    if restarted and summary.resurrected:
+        queue_sweep()
+    return vars(summary)
+
+
+def _queue(func, *args, **kwargs):
+    """Queue a task once the current transaction commits (at once outside one)."""
+    from django_q.tasks import async_task
+
+    def send():
+        try:
+            async_task(func, *args, **kwargs)
+        except Exception:
+            # The schedule is the backstop: a task that could not be queued now is done
+            # by the next sweep.
+            logger.exception("could not queue %s", func)
+
+    transaction.on_commit(send)
+
+
+def queue_cleanup(run_id, actor=None):
+    _queue("cleanup.tasks.cleanup_run_task", run_id, actor=actor, task_name=f"cleanup run {run_id}")
+
+
+def queue_sweep():
+    _queue(SCHEDULE_FUNC, task_name="cleanup sweep")
+
+
+def queue_reconcile(module=None, restarted=False):
+    _queue("cleanup.tasks.reconcile_task", module=module, restarted=restarted, task_name="reconcile")
+
+
+def ensure_schedule(**kwargs):
+    """Create or update the sweep's schedule, by name; running it again changes nothing.
+
+    `Schedule.name` is not unique in django-q2, so a stray duplicate left by an older
+    deployment is removed here rather than trusted.
+    """
+    from django_q.models import Schedule
+
+    with transaction.atomic():
+        existing = list(Schedule.objects.select_for_update().filter(name=SCHEDULE_NAME).order_by("id"))
+        for extra in existing[1:]:
+            extra.delete()
+        fields = {
+            "func": SCHEDULE_FUNC,
+            "schedule_type": Schedule.MINUTES,
+            "minutes": 1,
+            "repeats": -1,
+        }
+        if existing:
+            schedule = existing[0]
+            changed = [k for k, v in fields.items() if getattr(schedule, k) != v]
+            for k in changed:
+                setattr(schedule, k, fields[k])
+            if changed:
+                schedule.save(update_fields=changed)
+            return schedule
+        return Schedule.objects.create(name=SCHEDULE_NAME, **fields)
+
+
+def on_worker_start(sender=None, proc_name=None, **kwargs):
+    """A worker that starts asks every module what is still in force (rule 10)."""
+    try:
+        queue_reconcile()
+    except Exception:
+        logger.exception("could not queue the start-up reconcile")

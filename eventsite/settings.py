@@ -1,0 +1,206 @@
+"""Settings for the example site, read from the environment.
+
+Every value a deployment changes comes from an environment variable of the same name.
+The helpers below refuse values they cannot read, naming the variable, rather than
+falling back to a default that would hide a typo.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("EVENTSITE_VAR_DIR", BASE_DIR / "var"))
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name, default):
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
+
+
+def env_int(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+
+
+def env_list(name, default):
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it in the environment (DEBUG=1 allows a throwaway "
+            "key for local work)."
+        )
+    SECRET_KEY = "insecure-local-only-" + "x" * 40
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_q",
+    "cleanup",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "eventsite.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "eventsite.wsgi.application"
+
+
+def _database():
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        try:
+            config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        except (ValueError, dj_database_url.UnknownSchemeError) as exc:
+            raise ImproperlyConfigured(f"DATABASE_URL cannot be read: {exc}") from None
+    else:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "eventsite.sqlite3"}
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # Several writers (web server, cluster workers, commands) share the file: each
+        # write transaction takes the lock up front and waits for it instead of failing
+        # half-way with "database is locked".
+        config.setdefault("OPTIONS", {}).update(
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+        config["TEST"] = {"NAME": str(VAR_DIR / "test-eventsite.sqlite3")}
+    return config
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "eventsite events API",
+    "DESCRIPTION": "Event runs, their ledger, and the cleanup that gives it back.",
+    "VERSION": "1.0.0",
+}
+
+# The engine. Each value is also read from django.conf.settings where it is used, so
+# override_settings works, and is checked by the system checks in cleanup.checks.
+EVENT_REVERT_MAX_ATTEMPTS = env_int("EVENT_REVERT_MAX_ATTEMPTS", 3)
+EVENT_REVERT_BACKOFF_S = env_int("EVENT_REVERT_BACKOFF_S", 30)
+EVENT_CLEANUP_RUN_BATCH = env_int("EVENT_CLEANUP_RUN_BATCH", 10)
+EVENT_CLEANUP_GROUPS_PER_RUN = env_int("EVENT_CLEANUP_GROUPS_PER_RUN", 25)
+EVENT_DEFAULT_BUDGET_MS = env_int("EVENT_DEFAULT_BUDGET_MS", 10_000)
+EVENT_CLAIM_TIMEOUT_S = env_int("EVENT_CLAIM_TIMEOUT_S", 120)
+EVENT_STEP_MAX_ATTEMPTS = env_int("EVENT_STEP_MAX_ATTEMPTS", 3)
+EVENT_STEP_BACKOFF_S = env_int("EVENT_STEP_BACKOFF_S", 5)
+EVENT_RUN_BATCH = env_int("EVENT_RUN_BATCH", 10)
+EVENT_RECONCILE_LOOKBACK_S = env_int("EVENT_RECONCILE_LOOKBACK_S", 3600)
+
+# django-q2 on the ORM broker. A task is handed out again when it is not acknowledged
+# within `retry` seconds, so `timeout` stays well below it; a failing task is
+# acknowledged and tried at most `max_attempts` times instead of for ever. The ledger's
+# own claims, not the broker, are what keep two workers off one row.
+Q_CLUSTER = {
+    "name": "eventsite",
+    "orm": "default",
+    "workers": env_int("Q_WORKERS", 2),
+    "timeout": env_int("Q_TIMEOUT", 600),
+    "retry": env_int("Q_RETRY", 900),
+    "max_attempts": 3,
+    "ack_failures": True,
+    "catch_up": False,
+    "save_limit": 500,
+    "poll": 1,
+    "sync": env_bool("Q_SYNC", False),
+}
+
+SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
