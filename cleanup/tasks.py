@@ -102,6 +102,10 @@ def ensure_schedule(**kwargs):
 
 def on_worker_start(sender=None, proc_name=None, **kwargs):
     """A worker that starts asks every module what is still in force (rule 10)."""
+    if proc_name == "MainProcess":
+        # django-q2's sync mode runs a worker inside the caller for every task; that is
+        # not a worker starting, and reacting to it would queue tasks without end.
+        return
     try:
         queue_reconcile()
     except Exception:
