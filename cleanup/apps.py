@@ -11,10 +11,12 @@ class CleanupConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .runner import register_builtins
         from .tasks import on_worker_start
 
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)
         post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
+        register_builtins()
 
 
 def _ensure_schedule_after_migrate(sender, using=None, **kwargs):

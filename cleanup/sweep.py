@@ -186,13 +186,17 @@ def give_back_rows(run, rows, claim_timeout):
             ),
             action_id,
         )
-    if not callable(getattr(action, "revert", None)):
-        return Verdict.terminal(f"{action_id} declares no revert(), so nothing it made can be given back"), action_id
     resources = [
         {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
         for r in rows
         if r.kind != STEP_KIND
     ]
+    if not callable(getattr(action, "revert", None)):
+        if not resources:
+            # Only the step's placeholder, and an action that can give nothing back: there
+            # is nothing a person could do about it either.
+            return Verdict(Outcome.DONE), action_id
+        return Verdict.terminal(f"{action_id} declares no revert(), so nothing it made can be given back"), action_id
     if step is not None:
         key = step.idempotency_key
     else:

@@ -11,8 +11,14 @@ from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
-SCHEDULE_NAME = "cleanup: sweep"
-SCHEDULE_FUNC = "cleanup.tasks.sweep_task"
+SCHEDULE_NAME = "events: tick"
+SCHEDULE_FUNC = "cleanup.tasks.tick_task"
+
+
+def tick_task():
+    from .runner import tick
+
+    return tick(by="schedule").line()
 
 
 def sweep_task():
@@ -64,7 +70,11 @@ def queue_cleanup(run_id, actor=None):
 
 
 def queue_sweep():
-    _queue(SCHEDULE_FUNC, task_name="cleanup sweep")
+    _queue("cleanup.tasks.sweep_task", task_name="cleanup sweep")
+
+
+def queue_tick():
+    _queue(SCHEDULE_FUNC, task_name="tick")
 
 
 def queue_reconcile(module=None, restarted=False):

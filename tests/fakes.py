@@ -133,3 +133,26 @@ def states(run):
 
 def log_kinds(run):
     return list(run.log.values_list("kind", flat=True))
+
+
+def spawner(world=None):
+    """A perform that makes `count` creatures per call, named after the step's key."""
+    world = world if world is not None else {}
+
+    def perform(*, run_id, step_id, params, idempotency_key):
+        refs = [f"{params.get('creature', 'orc')}-{idempotency_key[:6]}-{i}" for i in range(params.get("count", 1))]
+        world.update({ref: idempotency_key for ref in refs})
+        return {"ok": True, "resources": [{"kind": "creature", "ref": ref} for ref in refs]}
+
+    return perform
+
+
+def despawner(world):
+    def revert(*, run_id, resources, idempotency_key):
+        for r in resources:
+            world.pop(r["ref"], None)
+        for ref in [ref for ref, key in world.items() if key == idempotency_key]:
+            world.pop(ref)
+        return {"ok": True, "failed": []}
+
+    return revert

@@ -18,7 +18,7 @@ def test_the_schedule_exists_once_however_often_it_is_ensured():
     call_command("migrate", verbosity=0)
     schedules = Schedule.objects.filter(name=SCHEDULE_NAME)
     assert schedules.count() == 1
-    assert schedules.get().func == "cleanup.tasks.sweep_task"
+    assert schedules.get().func == "cleanup.tasks.tick_task"
     assert schedules.get().repeats == -1
 
 
@@ -34,7 +34,7 @@ def test_a_changed_schedule_is_put_back():
     Schedule.objects.filter(pk=schedule.pk).update(func="somewhere.else", minutes=60)
     ensure_schedule()
     schedule.refresh_from_db()
-    assert (schedule.func, schedule.minutes) == ("cleanup.tasks.sweep_task", 1)
+    assert (schedule.func, schedule.minutes) == ("cleanup.tasks.tick_task", 1)
 
 
 def test_a_queued_cleanup_runs_once_the_transaction_commits(django_capture_on_commit_callbacks):

@@ -1,0 +1,27 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from cleanup.models import Run
+from cleanup.runner import RunStateError, cancel_run
+
+
+class Command(BaseCommand):
+    help = "Cancel a running run; its cleanup is queued unless --no-cleanup."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id", type=int)
+        parser.add_argument(
+            "--no-cleanup",
+            action="store_true",
+            help="leave what the run took in place, visible, until a person asks for its cleanup",
+        )
+        parser.add_argument("--actor", default="command")
+
+    def handle(self, *args, run_id, no_cleanup=False, actor="command", **options):
+        try:
+            run = cancel_run(run_id, cleanup=not no_cleanup, actor=actor)
+        except Run.DoesNotExist:
+            raise CommandError(f"there is no run {run_id}") from None
+        except RunStateError as exc:
+            raise CommandError(str(exc)) from None
+        then = "its cleanup is queued" if not no_cleanup else "its resources stay until a person cleans it up"
+        self.stdout.write(f"cancelled run {run.pk}; {then} (cleanup {run.cleanup_status})")

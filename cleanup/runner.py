@@ -1,0 +1,458 @@
+"""Event runs: starting them, advancing their steps, ending them.
+
+A run is started from a name and an ordered list of steps, validated as a whole before
+anything is stored. The advance leg performs each running run's ready steps in order,
+back to back, until a ``core.wait`` holds the run or a step fails; every step writes the
+ledger before it acts (`cleanup.ledger`). Every way a run ends (completed, cancelled,
+aborted) queues its cleanup at once; the schedule's tick is the backstop.
+
+One ticker at a time advances a run: it claims the run with a conditional UPDATE (token
+and expiry, like the ledger's claims), and each step's attempt is taken with another,
+so two tickers never perform one step at once, and a ticker that died mid-step leaves a
+claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
+"""
+
+import logging
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from . import calls, ledger, registry
+from .conf import claim_timeout_s, setting
+from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
+from .sweep import refresh_cleanup_status
+from .tasks import queue_cleanup, queue_tick
+
+logger = logging.getLogger(__name__)
+
+WAIT = "core.wait"
+LEASE = "core.lease"
+MAX_WAIT_S = 86_400
+
+
+class RunSpecError(ValueError):
+    """A run that cannot be started. ``errors`` maps each field (``steps[1].params``) to
+    what is wrong with it."""
+
+    def __init__(self, errors):
+        self.errors = errors
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+
+
+class RunStateError(Exception):
+    """An operation the run's status does not allow, such as cancelling an ended run."""
+
+
+class CoreWait(registry.Action):
+    """``{"seconds": n}``: hold the run for n seconds (0 to 86400) before its next step."""
+
+    id = WAIT
+    module = "core"
+
+    def validate(self, params):
+        seconds = params.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+            raise ValueError(f"seconds must be a number from 0 to {MAX_WAIT_S}, got {seconds!r}")
+        if not 0 <= seconds <= MAX_WAIT_S:
+            raise ValueError(f"seconds must be from 0 to {MAX_WAIT_S}, got {seconds!r}")
+
+    def perform(self, **kwargs):  # the runner holds the run itself
+        return {"ok": True, "resources": []}
+
+
+class CoreLease(registry.Action):
+    """``{"lease", "target", "value"}``: apply a registered lease for the rest of the run.
+
+    The runner reads the baseline, records the lease in the ledger, then applies the
+    value; the cleanup restores the baseline when the run ends.
+    """
+
+    id = LEASE
+    module = "core"
+
+    def validate(self, params):
+        lease_id = params.get("lease")
+        if not isinstance(lease_id, str) or registry.get_lease(lease_id) is None:
+            raise ValueError(f"lease: no module registers the lease {lease_id!r}")
+        target = params.get("target")
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"target must be a non-empty string, got {target!r}")
+        if "value" not in params:
+            raise ValueError("value is required")
+
+    def perform(self, **kwargs):
+        return {"ok": False, "error": "core.lease is performed by the runner", "retry": False}
+
+
+def register_builtins():
+    for action in (CoreWait(), CoreLease()):
+        if registry.get_action(action.id) is None:
+            registry.register_action(action)
+
+
+# -- starting -------------------------------------------------------------------------
+
+
+def validate_spec(name, steps):
+    """The cleaned steps of a run spec, or `RunSpecError` naming every bad field."""
+    errors = {}
+    if not isinstance(name, str) or not name.strip():
+        errors["name"] = "a run needs a non-empty name"
+    elif len(name) > 200:
+        errors["name"] = "a name has at most 200 characters"
+    if not isinstance(steps, list) or not steps:
+        errors["steps"] = "a run needs a non-empty list of steps"
+        raise RunSpecError(errors)
+    cleaned = []
+    for position, step in enumerate(steps):
+        where = f"steps[{position}]"
+        if not isinstance(step, dict):
+            errors[where] = 'each step is an object {"action", "params"}'
+            continue
+        unknown = sorted(set(step) - {"action", "params"})
+        if unknown:
+            errors[where] = f"unknown field(s) {', '.join(unknown)}"
+        action_id = step.get("action")
+        params = step.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            errors[f"{where}.params"] = "params must be an object"
+            continue
+        action = registry.get_action(action_id) if isinstance(action_id, str) else None
+        if action is None:
+            errors[f"{where}.action"] = f"no module registers the action {action_id!r}"
+            continue
+        if callable(getattr(action, "validate", None)):
+            try:
+                action.validate(params)
+            except ValueError as exc:
+                errors[f"{where}.params"] = str(exc)
+                continue
+            except Exception as exc:  # a module's validate is untrusted too
+                errors[f"{where}.params"] = f"{action_id} could not check its params: {exc}"
+                continue
+        cleaned.append({"action": action_id, "params": params})
+    if errors:
+        raise RunSpecError(errors)
+    return cleaned
+
+
+def start_run(name, steps, actor=None):
+    """Validate and store a run, then queue a tick so it starts at once."""
+    cleaned = validate_spec(name, steps)
+    with transaction.atomic():
+        run = Run.objects.create(name=name.strip(), wake_at=timezone.now())
+        Step.objects.bulk_create(
+            Step(
+                run=run,
+                position=position,
+                action_id=step["action"],
+                params=step["params"],
+                idempotency_key=uuid.uuid4().hex,
+            )
+            for position, step in enumerate(cleaned)
+        )
+        RunLog.write(run.pk, "run.started", steps=len(cleaned), by=actor)
+        queue_tick()
+    return run
+
+
+# -- ending ---------------------------------------------------------------------------
+
+
+def _end(run_id, status, kind, auto_cleanup=True, **detail):
+    """Move a running run to a terminal status; answers False when it was not running."""
+    now = timezone.now()
+    with transaction.atomic():
+        won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+            status=status, ended_at=now, wake_at=None, auto_cleanup=auto_cleanup, updated_at=now
+        )
+        if not won:
+            return False
+        RunLog.write(run_id, kind, **detail)
+    run = Run.objects.get(pk=run_id)
+    refresh_cleanup_status(run)
+    if auto_cleanup:
+        queue_cleanup(run_id)
+    return True
+
+
+def cancel_run(run_id, cleanup=True, actor=None):
+    """Cancel a running run. With ``cleanup=False`` its rows wait for a person (rule 7)."""
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise Run.DoesNotExist(f"there is no run {run_id}")
+    if not _end(run_id, RunStatus.CANCELLED, "run.cancelled", auto_cleanup=cleanup, by=actor, cleanup=cleanup):
+        run.refresh_from_db()
+        raise RunStateError(f"run {run_id} is already {run.status}; only a running run can be cancelled")
+    run.refresh_from_db()
+    return run
+
+
+# -- advancing ------------------------------------------------------------------------
+
+
+@dataclass
+class AdvanceResult:
+    runs: int = 0
+    performed: int = 0
+    full: bool = False
+
+
+def due_runs(now, limit):
+    return list(
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
+        .filter(Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now))
+        .order_by(F("wake_at").asc(nulls_first=True), "id")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def advance(by="tick"):
+    """The advance leg: every due running run, at most ``EVENT_RUN_BATCH`` of them."""
+    limit = setting("EVENT_RUN_BATCH")
+    ids = due_runs(timezone.now(), limit)
+    result = AdvanceResult(full=len(ids) >= limit)
+    for run_id in ids:
+        try:
+            performed = advance_run(run_id)
+        except Exception:
+            logger.exception("advancing run %s failed", run_id)
+            continue
+        if performed is not None:
+            result.runs += 1
+            result.performed += performed
+    return result
+
+
+class _Claim:
+    """A ticker's hold on one run, renewed before each step."""
+
+    def __init__(self, run_id):
+        self.run_id = run_id
+        self.token = uuid.uuid4()
+
+    def take(self):
+        now = timezone.now()
+        return Run.objects.filter(
+            Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now),
+            Q(wake_at__isnull=True) | Q(wake_at__lte=now),
+            pk=self.run_id,
+            status=RunStatus.RUNNING,
+        ).update(claim_token=self.token, claim_expires_at=now + timedelta(seconds=claim_timeout_s()))
+
+    def renew(self):
+        """Still ours, and the run still running? Renewing answers both."""
+        now = timezone.now()
+        return Run.objects.filter(pk=self.run_id, claim_token=self.token, status=RunStatus.RUNNING).update(
+            claim_expires_at=now + timedelta(seconds=claim_timeout_s())
+        )
+
+    def release(self, wake_at=None):
+        Run.objects.filter(pk=self.run_id, claim_token=self.token).update(
+            claim_token=None, claim_expires_at=None, wake_at=wake_at
+        )
+
+
+def advance_run(run_id):
+    """Perform a run's ready steps in order; answers how many, or None if not claimed."""
+    claim = _Claim(run_id)
+    if not claim.take():
+        return None
+    performed = 0
+    wake_at = None
+    try:
+        while claim.renew():
+            step = Step.objects.filter(run_id=run_id).exclude(status=StepStatus.DONE).order_by("position").first()
+            if step is None:
+                _end(run_id, RunStatus.COMPLETED, "run.completed", steps=performed)
+                break
+            now = timezone.now()
+            if step.next_attempt_at and step.next_attempt_at > now:
+                wake_at = step.next_attempt_at
+                break
+            if step.action_id == WAIT:
+                wake_at = _wait(step, now)
+                if wake_at:
+                    break
+                continue
+            if step.status == StepStatus.RUNNING and step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS"):
+                # The ticker that spent the last attempt died before it had an answer.
+                wake_at = _record_outcome(step, calls.Performed(
+                    ok=False, error="the ticker performing this step stopped before it had an answer"))
+                break
+            outcome = _perform(step)
+            if outcome is True:
+                performed += 1
+                continue
+            wake_at = outcome
+            break
+    finally:
+        claim.release(wake_at=wake_at)
+    return performed
+
+
+def _wait(step, now):
+    """Hold the run on a ``core.wait``; answers when to look again, or None once it passed."""
+    seconds = float(step.params.get("seconds", 0))
+    if step.started_at is None:
+        Step.objects.filter(pk=step.pk, started_at__isnull=True).update(status=StepStatus.RUNNING, started_at=now)
+        step.started_at = now
+    until = step.started_at + timedelta(seconds=seconds)
+    if until > now:
+        return until
+    Step.objects.filter(pk=step.pk).update(status=StepStatus.DONE, finished_at=now)
+    RunLog.write(step.run_id, "step.performed", position=step.position, action=WAIT, waited_s=seconds)
+    return None
+
+
+def _perform(step):
+    """One attempt at one step: True when done, else when to look at the run again."""
+    now = timezone.now()
+    taken = Step.objects.filter(
+        pk=step.pk, status__in=(StepStatus.PENDING, StepStatus.RUNNING), attempts=step.attempts
+    ).update(status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None)
+    if not taken:
+        return timezone.now()  # another ticker moved this step: look again
+    step.refresh_from_db()
+    if step.action_id == LEASE:
+        performed = _perform_lease(step)
+    else:
+        performed = _perform_action(step)
+    return _record_outcome(step, performed)
+
+
+def _perform_action(step):
+    action = registry.get_action(step.action_id)
+    if action is None:
+        return calls.Performed(ok=False, error=f"no module registers the action {step.action_id!r}", retry=False)
+    ledger.write_placeholder(step, action.module)
+    answer = calls.call(
+        action.perform,
+        budget_ms=calls.budget_of(action),
+        what=step.action_id,
+        run_id=step.run_id,
+        step_id=step.pk,
+        params=step.params,
+        idempotency_key=step.idempotency_key,
+    )
+    performed = calls.classify_perform(answer, step.action_id)
+    if performed.ok:
+        # Recorded even when the run was cancelled meanwhile: what exists must be ledgered
+        # to be given back.
+        ledger.record_resources(step, action.module, performed.resources)
+    return performed
+
+
+def _perform_lease(step):
+    params = step.params
+    lease = registry.get_lease(params.get("lease"))
+    if lease is None:
+        return calls.Performed(ok=False, error=f"no module registers the lease {params.get('lease')!r}", retry=False)
+    target = params["target"]
+    row = Resource.objects.filter(step=step, kind=LEASE_KIND).first()
+    if row is None:
+        # Read and reserve once per step: a retry after an apply that may have landed
+        # must not read the applied value as the baseline.
+        reply = calls.classify_reply(
+            calls.call(lease.read, budget_ms=calls.budget_of(lease), what=f"{lease.id}.read", target=target),
+            f"{lease.id}.read",
+            key="value",
+        )
+        if not reply.ok:
+            return calls.Performed(ok=False, error=reply.error, retry=reply.retry)
+        row = ledger.reserve_lease(step, lease, target, baseline=reply.value, applied=params["value"])
+    reply = calls.classify_reply(
+        calls.call(
+            lease.apply,
+            budget_ms=calls.budget_of(lease),
+            what=f"{lease.id}.apply",
+            value=params["value"],
+            run_id=step.run_id,
+            target=target,
+        ),
+        f"{lease.id}.apply",
+    )
+    if not reply.ok:
+        return calls.Performed(ok=False, error=reply.error, retry=reply.retry)
+    return calls.Performed(ok=True, resources=({"kind": LEASE_KIND, "ref": row.ref},))
+
+
+def _record_outcome(step, performed):
+    now = timezone.now()
+    run = Run.objects.get(pk=step.run_id)
+    if performed.ok:
+        Step.objects.filter(pk=step.pk).update(status=StepStatus.DONE, finished_at=now, last_error="")
+        RunLog.write(
+            step.run_id,
+            "step.performed",
+            position=step.position,
+            action=step.action_id,
+            attempt=step.attempts,
+            resources=len(performed.resources),
+        )
+        if run.is_terminal:
+            # The run ended while this step performed: what it made is in the ledger now
+            # and its cleanup must see it.
+            refresh_cleanup_status(run)
+            if run.auto_cleanup:
+                queue_cleanup(run.pk)
+            return now
+        return True
+    last = not performed.retry or step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS")
+    retry_at = None if last else now + timedelta(seconds=setting("EVENT_STEP_BACKOFF_S") * 2 ** (step.attempts - 1))
+    Step.objects.filter(pk=step.pk).update(
+        status=StepStatus.FAILED if last else StepStatus.PENDING,
+        last_error=performed.error,
+        next_attempt_at=retry_at,
+        finished_at=now if last else None,
+    )
+    RunLog.write(
+        step.run_id,
+        "step.failed",
+        position=step.position,
+        action=step.action_id,
+        attempt=step.attempts,
+        error=performed.error,
+        retrying=not last,
+    )
+    if last:
+        _end(step.run_id, RunStatus.ABORTED, "run.aborted", position=step.position, error=performed.error)
+        return now
+    return retry_at
+
+
+# -- the tick -------------------------------------------------------------------------
+
+
+@dataclass
+class TickResult:
+    advance: AdvanceResult
+    sweep: object
+
+    @property
+    def full(self):
+        return self.advance.full or self.sweep.runs >= setting("EVENT_CLEANUP_RUN_BATCH")
+
+    def line(self):
+        return (
+            f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); "
+            + self.sweep.line()
+        )
+
+
+def tick(by="tick"):
+    """Advance, then clean up, once. A tick that reached a bound queues the next at once."""
+    from .sweep import sweep
+
+    result = TickResult(advance=advance(by=by), sweep=sweep(by=by))
+    if result.full:
+        queue_tick()
+    return result
