@@ -1,4 +1,4 @@
-"""Rule 9 on PostgreSQL: sweepers in separate processes, racing over the same runs."""
+"""Rule 9 on PostgreSQL: sweepers and tickers in separate processes, racing over the same runs."""
 
 import json
 import os
@@ -38,7 +38,7 @@ def start_sweeper(calls_file, *extra):
     env = {**os.environ, "DATABASE_URL": database_url(), "DEBUG": "1",
            "DJANGO_SETTINGS_MODULE": "eventsite.settings", "EVENT_REVERT_BACKOFF_S": "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.sweeper_proc", str(calls_file), *extra],
+        [sys.executable, "-m", "tests.worker_proc", str(calls_file), *extra],
         cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -73,6 +73,34 @@ def test_two_sweeper_processes_revert_each_row_exactly_once(tmp_path):
     assert len({call["pid"] for call in calls}) == 2, "the two sweepers did not overlap at all"
     assert set(Resource.objects.values_list("state", "revert_attempts")) == {("reverted", 1)}
     assert all(r.cleanup_status == CleanupStatus.COMPLETE for r in type(runs[0]).objects.all())
+
+
+def test_two_ticker_processes_never_perform_one_step_twice(tmp_path):
+    from cleanup.models import Run, Step
+    from cleanup.runner import start_run
+
+    from unittest import mock
+
+    registry.register_action(FakeAction(id="conc.spawn", module="conc"))
+    with mock.patch("cleanup.runner.queue_tick"):  # the tickers below are the only ones
+        for r in range(8):
+            start_run(f"raid {r}", [{"action": "conc.spawn", "params": {}} for _ in range(4)])
+    calls_file = tmp_path / "calls.jsonl"
+
+    tickers = [start_sweeper(calls_file, "--tick", "--delay", "0.01", "--passes", "200") for _ in range(2)]
+    for proc in tickers:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+
+    calls = read_calls(calls_file)
+    performed = [c["key"] for c in calls if c["verb"] == "perform"]
+    assert sorted(performed) == sorted(Step.objects.values_list("idempotency_key", flat=True)), \
+        "a step was performed twice, or not at all"
+    assert len({c["pid"] for c in calls if c["verb"] == "perform"}) == 2, "the tickers did not overlap"
+    assert set(Step.objects.values_list("status", "attempts")) == {("done", 1)}
+    assert set(Run.objects.values_list("status", "cleanup_status")) == {("completed", "complete")}
+    reverted = [ref for c in calls if c["verb"] == "revert" for ref in c["refs"]]
+    assert len(reverted) == len(set(reverted)) == 32
 
 
 def test_a_claim_left_by_a_killed_sweeper_is_taken_again_after_the_timeout_keeping_its_attempt(tmp_path):
