@@ -494,3 +494,51 @@ def _attempts_left(row, max_attempts):
     if not row.retryable or row.state not in (ResourceState.LIVE, ResourceState.FAILED):
         return 0
     return max(0, max_attempts - row.revert_attempts)
+
+
+def request_cleanup(run, actor):
+    """Rule 6, as the admin and the API ask for it: reset the run's rows, queue a pass."""
+    from .tasks import queue_cleanup
+
+    run = Run.objects.get(pk=run.pk)
+    if not run.is_terminal:
+        raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
+    cleared = reset_for_person(run, actor)
+    queue_cleanup(run.pk, actor=actor)
+    return cleared
+
+
+def waive(rows, reason, actor):
+    """Rule 12: a person resolves unresolved rows by hand; answers how many were waived.
+
+    A row a sweeper holds right now is not waived: its verdict is about to land.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("a waiver needs a reason")
+    now = timezone.now()
+    waivable = Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)) | Q(
+        state=ResourceState.REVERTING, claim_expires_at__lt=now
+    )
+    waived = []
+    with transaction.atomic():
+        for row in Resource.objects.filter(pk__in=[r.pk for r in rows]).filter(waivable).order_by("id"):
+            if Resource.objects.filter(pk=row.pk).filter(waivable).update(
+                state=ResourceState.WAIVED,
+                last_error=f"waived by {actor}: {reason.strip()}",
+                claim_token=None,
+                claim_expires_at=None,
+                resolved_at=now,
+                updated_at=now,
+            ):
+                waived.append(row)
+                RunLog.write(
+                    row.run_id,
+                    "resource.waived",
+                    resource=f"{row.kind}:{row.ref}",
+                    resource_id=row.pk,
+                    reason=reason.strip(),
+                    by=actor,
+                )
+    for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
+        refresh_cleanup_status(run)
+    return len(waived)

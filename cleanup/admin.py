@@ -1,0 +1,150 @@
+"""The admin: runs with their steps, ledger and log; the ledger itself; the log.
+
+Everything is read-only here except through the actions, which call the engine.
+"""
+
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+from django.utils.html import format_html
+
+from .models import UNRESOLVED, Resource, Run, RunLog, Step
+from .runner import RunStateError, cancel_run
+from .sweep import CleanupRefused, request_cleanup, waive
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class StepInline(ReadOnlyInline):
+    model = Step
+    fields = ["position", "action_id", "params", "status", "attempts", "last_error", "next_attempt_at"]
+    readonly_fields = fields
+
+
+class ResourceInline(ReadOnlyInline):
+    model = Resource
+    fields = ["kind", "ref", "module", "state", "revert_attempts", "last_error", "payload"]
+    readonly_fields = fields
+
+
+class RunLogInline(ReadOnlyInline):
+    model = RunLog
+    fields = ["at", "kind", "detail"]
+    readonly_fields = fields
+    show_change_link = False
+
+
+def _actor(request):
+    return request.user.get_username()
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created_at", "ended_at"]
+    list_filter = ["status", "cleanup_status"]
+    search_fields = ["name"]
+    readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wake_at", "created_at",
+                       "updated_at", "ended_at"]
+    exclude = ["claim_token", "claim_expires_at"]
+    inlines = [StepInline, ResourceInline, RunLogInline]
+    actions = ["clean_up", "cancel_with_cleanup", "cancel_without_cleanup"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            _unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))
+        )
+
+    @admin.display(description="unresolved rows", ordering="_unresolved")
+    def unresolved(self, obj):
+        if not obj._unresolved:
+            return 0
+        return format_html('<strong style="color:#ba2121">{}</strong>', obj._unresolved)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_cleanup_run_permission(self, request):
+        return request.user.has_perm("cleanup.cleanup_run")
+
+    @admin.action(permissions=["cleanup_run"], description="Clean up now (a person's retry: resets attempts)")
+    def clean_up(self, request, queryset):
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                request_cleanup(run, _actor(request))
+                done += 1
+            except CleanupRefused as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"Cleanup queued for {done} run(s).", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
+
+    def _cancel(self, request, queryset, cleanup):
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                cancel_run(run.pk, cleanup=cleanup, actor=_actor(request))
+                done += 1
+            except RunStateError as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"Cancelled {done} run(s).", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
+
+    @admin.action(permissions=["change"], description="Cancel, and give back what they took")
+    def cancel_with_cleanup(self, request, queryset):
+        self._cancel(request, queryset, cleanup=True)
+
+    @admin.action(permissions=["change"], description="Cancel, and leave what they took for later")
+    def cancel_without_cleanup(self, request, queryset):
+        self._cancel(request, queryset, cleanup=False)
+
+
+@admin.register(Resource)
+class ResourceAdmin(admin.ModelAdmin):
+    list_display = ["id", "run", "module", "kind", "ref", "state", "revert_attempts", "last_error", "updated_at"]
+    list_filter = ["state", "module", "kind"]
+    search_fields = ["ref", "run__name", "last_error"]
+    list_select_related = ["run"]
+    readonly_fields = [f.name for f in Resource._meta.fields if f.name not in ("claim_token", "claim_expires_at")]
+    exclude = ["claim_token", "claim_expires_at"]
+    actions = ["waive_rows"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_cleanup_run_permission(self, request):
+        return request.user.has_perm("cleanup.cleanup_run")
+
+    @admin.action(permissions=["cleanup_run"], description="Waive: resolve by hand, nothing is given back")
+    def waive_rows(self, request, queryset):
+        count = waive(list(queryset), "resolved by hand in the admin", _actor(request))
+        self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
+
+
+@admin.register(RunLog)
+class RunLogAdmin(admin.ModelAdmin):
+    list_display = ["at", "run", "kind", "detail"]
+    list_filter = ["kind"]
+    search_fields = ["run__name", "kind"]
+    list_select_related = ["run"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,67 @@
+"""The admin shows runs and the ledger, and its actions go through the engine, gated."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from cleanup import registry
+from cleanup.models import Resource, RunStatus
+from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
+
+pytestmark = pytest.mark.django_db
+
+
+def staff(*perms):
+    user = User.objects.create_user("staffer", password="pw-123456789", is_staff=True)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label="cleanup"))
+    return user
+
+
+@pytest.fixture
+def failed_run():
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    run = make_run(status=RunStatus.ABORTED, name="broken raid")
+    make_rows(make_step(run), ["orc-1"], placeholder=False)
+    Resource.objects.update(state="failed", revert_attempts=3, last_error="shard said 503")
+    return run
+
+
+def test_the_run_page_shows_the_ledger_with_its_errors(client, failed_run):
+    client.force_login(staff("view_run", "view_resource", "view_step", "view_runlog"))
+    page = client.get(reverse("admin:cleanup_run_change", args=[failed_run.pk]))
+    assert page.status_code == 200
+    assert b"shard said 503" in page.content and b"orc-1" in page.content
+    listing = client.get(reverse("admin:cleanup_resource_changelist") + "?state__exact=failed")
+    assert b"orc-1" in listing.content
+
+
+def test_clean_up_action_resets_and_gives_back(client, failed_run, django_capture_on_commit_callbacks):
+    client.force_login(staff("view_run", "change_run", "cleanup_run"))
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("admin:cleanup_run_changelist"),
+                               {"action": "clean_up", "_selected_action": [failed_run.pk]})
+    assert response.status_code == 302
+    assert states(failed_run) == {"orc-1": "reverted"}
+    assert failed_run.log.get(kind="cleanup.retry").detail["by"] == "staffer"
+
+
+def test_the_actions_need_the_cleanup_permission(client, failed_run):
+    client.force_login(staff("view_run", "change_run", "view_resource", "change_resource"))
+    page = client.get(reverse("admin:cleanup_run_changelist"))
+    assert b"clean_up" not in page.content
+    client.post(reverse("admin:cleanup_run_changelist"), {"action": "clean_up", "_selected_action": [failed_run.pk]})
+    client.post(reverse("admin:cleanup_resource_changelist"),
+                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True))})
+    assert states(failed_run) == {"orc-1": "failed"}
+
+
+def test_waive_resolves_by_hand_and_logs_who(client, failed_run):
+    client.force_login(staff("view_resource", "change_resource", "cleanup_run"))
+    client.post(reverse("admin:cleanup_resource_changelist"),
+                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True))})
+    assert states(failed_run) == {"orc-1": "waived"}
+    waived = failed_run.log.get(kind="resource.waived")
+    assert waived.detail["by"] == "staffer"
+    failed_run.refresh_from_db()
+    assert failed_run.cleanup_status == "complete"
