@@ -4,7 +4,6 @@ State changes that two workers may race on are conditional UPDATEs on these quer
 the filter says which state the row must still be in, and the row count says who won.
 """
 
-import uuid
 from datetime import timedelta
 
 from django.db import models

@@ -76,10 +76,10 @@ def test_two_sweeper_processes_revert_each_row_exactly_once(tmp_path):
 
 
 def test_two_ticker_processes_never_perform_one_step_twice(tmp_path):
+    from unittest import mock
+
     from cleanup.models import Run, Step
     from cleanup.runner import start_run
-
-    from unittest import mock
 
     registry.register_action(FakeAction(id="conc.spawn", module="conc"))
     with mock.patch("cleanup.runner.queue_tick"):  # the tickers below are the only ones
