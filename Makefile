@@ -22,6 +22,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Everything on 127.0.0.1, SQLite under var/; Ctrl-C stops it all. See bin/demo.
+demo: $(STAMP)
+	$(PY) bin/demo
+
 migrate: $(STAMP)
 	DEBUG=1 $(PY) manage.py migrate
 

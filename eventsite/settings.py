@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_q",
     "cleanup",
+    "eventsite.sandbox",
 ]
 
 MIDDLEWARE = [
@@ -125,7 +126,9 @@ def _database():
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             }
         )
-        config["TEST"] = {"NAME": str(VAR_DIR / "test-eventsite.sqlite3")}
+        # A file, so that threads and processes of a test see one database; one per test
+        # process, so that two test runs on one machine do not share it.
+        config["TEST"] = {"NAME": str(VAR_DIR / f"test-eventsite-{os.getpid()}.sqlite3")}
     return config
 
 
@@ -204,3 +207,5 @@ Q_CLUSTER = {
 }
 
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
+# Each request the sandbox module makes (connect, send and read, each).
+SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)

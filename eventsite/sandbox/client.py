@@ -1,0 +1,162 @@
+"""The sandbox shard's HTTP client: each answer turned into a `Reply`, never an exception.
+
+Every request is made with explicit timeouts (``SANDBOX_SHARD_TIMEOUT_MS``, 3000 by
+default, for each of connecting, sending and reading) to ``settings.SANDBOX_SHARD_URL``,
+both read at the moment of the call so ``override_settings`` works. A `Reply` knows how
+to turn itself into the module envelope's failure: no answer or a 5xx is worth another
+try later, any other 4xx is not.
+
+The client also watches the shard's boot id (the ``X-Boot-Id`` header of every answer):
+the first time it sees a new one for a URL, after having seen another, it tells the
+engine with ``cleanup.registry.backend_restarted(module)``.
+"""
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+import httpx
+from django.conf import settings
+
+from cleanup import registry
+
+logger = logging.getLogger(__name__)
+
+BOOT_HEADER = "X-Boot-Id"
+DEFAULT_TIMEOUT_MS = 3_000
+# Statuses that say "not now" rather than "never": worth another try, like a 5xx.
+RETRYABLE_4XX = frozenset({408, 429})
+
+
+def shard_url():
+    return str(getattr(settings, "SANDBOX_SHARD_URL", "") or "").rstrip("/")
+
+
+def timeout_ms():
+    value = getattr(settings, "SANDBOX_SHARD_TIMEOUT_MS", DEFAULT_TIMEOUT_MS)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return DEFAULT_TIMEOUT_MS
+    return value
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the shard answered: ``status`` 0 when it did not answer at all."""
+
+    status: int = 0
+    body: dict = field(default_factory=dict)
+    error: str = ""
+    terminal: bool = False  # a failure no later try can mend, whatever the status
+
+    @property
+    def ok(self):
+        return 200 <= self.status < 300 and not self.error
+
+    @property
+    def retryable(self):
+        """No answer, a 5xx or an unreadable answer: yes. A 4xx (but 408, 429): no."""
+        if self.terminal:
+            return False
+        return not (400 <= self.status < 500) or self.status in RETRYABLE_4XX
+
+    def failure(self):
+        """This reply as a failure envelope (call it only when ``ok`` is false)."""
+        return {"ok": False, "error": self.error or "the shard failed", "retry": self.retryable}
+
+
+class BootWatch:
+    """Remembers the boot ids seen per shard URL and reports a new one, once."""
+
+    KEEP = 16  # ids remembered per URL: an answer delayed from before a restart is no news
+
+    def __init__(self, module):
+        self.module = module
+        self._seen = {}
+        self._lock = threading.Lock()
+
+    def observe(self, url, boot_id):
+        if not boot_id:
+            return False
+        with self._lock:
+            seen = self._seen.setdefault(url, [])
+            if boot_id in seen:
+                return False
+            seen.append(boot_id)
+            del seen[: -self.KEEP]
+            restarted = len(seen) > 1
+        if restarted:
+            logger.warning("the sandbox shard at %s restarted (boot id %s)", url, boot_id)
+            try:
+                registry.backend_restarted(self.module)
+            except Exception:
+                logger.exception("could not report the restart of the shard at %s", url)
+        return restarted
+
+    def forget(self):
+        with self._lock:
+            self._seen.clear()
+
+
+class ShardClient:
+    """``get``/``post``/``put`` against the shard, each answering a `Reply`."""
+
+    def __init__(self, module):
+        self.boot_watch = BootWatch(module)
+        self._http = None
+        self._http_pid = None
+        self._http_lock = threading.Lock()
+
+    def http(self):
+        """One httpx client per process (a forked worker makes its own), shared by threads.
+
+        ``trust_env=False``: a proxy from the environment must not sit between the
+        module and a loopback shard.
+        """
+        with self._http_lock:
+            if self._http is None or self._http_pid != os.getpid():
+                self._http = httpx.Client(trust_env=False, follow_redirects=False)
+                self._http_pid = os.getpid()
+            return self._http
+
+    def get(self, path, params=None):
+        return self.request("GET", path, params=params)
+
+    def post(self, path, json):
+        return self.request("POST", path, json=json)
+
+    def put(self, path, json):
+        return self.request("PUT", path, json=json)
+
+    def request(self, method, path, *, json=None, params=None):
+        base = shard_url()
+        if not base:
+            return Reply(error="SANDBOX_SHARD_URL is not set", terminal=True)
+        limit_ms = timeout_ms()
+        what = f"{method} {path}"
+        try:
+            response = self.http().request(
+                method,
+                base + path,
+                json=json,
+                params=params,
+                timeout=httpx.Timeout(limit_ms / 1000),
+            )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            return Reply(error=f"SANDBOX_SHARD_URL={base!r} cannot be used: {exc}", terminal=True)
+        except httpx.TimeoutException:
+            return Reply(error=f"the shard did not answer {what} within {limit_ms:g} ms")
+        except httpx.HTTPError as exc:
+            return Reply(error=f"the shard could not be reached for {what}: {str(exc) or type(exc).__name__}")
+        self.boot_watch.observe(base, response.headers.get(BOOT_HEADER))
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        status = response.status_code
+        if not isinstance(body, dict):
+            return Reply(status=status, error=f"the shard answered {what} with {status} and no JSON object")
+        if 200 <= status < 300:
+            return Reply(status=status, body=body)
+        message = body.get("error") if isinstance(body.get("error"), str) else ""
+        return Reply(status=status, body=body, error=message or f"the shard answered {what} with {status}")
