@@ -126,9 +126,6 @@ def _database():
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             }
         )
-        # A file, so that threads and processes of a test see one database; one per test
-        # process, so that two test runs on one machine do not share it.
-        config["TEST"] = {"NAME": str(VAR_DIR / f"test-eventsite-{os.getpid()}.sqlite3")}
     return config
 
 
