@@ -5,11 +5,11 @@ Everything is read-only here except through the actions, which call the engine.
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .models import UNRESOLVED, Resource, Run, RunLog, Step
 from .runner import RunStateError, cancel_run
-from .sweep import CleanupRefused, request_cleanup, waive
+from .sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -53,7 +53,7 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["status", "cleanup_status"]
     search_fields = ["name"]
     readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wake_at", "created_at",
-                       "updated_at", "ended_at"]
+                       "updated_at", "ended_at", "plan"]
     exclude = ["claim_token", "claim_expires_at"]
     inlines = [StepInline, ResourceInline, RunLogInline]
     actions = ["clean_up", "cancel_with_cleanup", "cancel_without_cleanup"]
@@ -68,6 +68,29 @@ class RunAdmin(admin.ModelAdmin):
         if not obj._unresolved:
             return 0
         return format_html('<strong style="color:#ba2121">{}</strong>', obj._unresolved)
+
+    @admin.display(description="cleanup plan")
+    def plan(self, obj):
+        """What the next pass would do, read without side effects (rule 12)."""
+        groups = cleanup_plan(obj) if obj.pk else []
+        if not groups:
+            return "nothing left to give back"
+        return format_html(
+            "<table><tr><th>verb</th><th>rows</th><th>attempts left</th><th>problem</th></tr>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                (
+                    (
+                        g["verb"] or "-",
+                        ", ".join(f'{r["ref"]} ({r["state"]})' for r in g["rows"]),
+                        min(r["attempts_left"] for r in g["rows"]),
+                        g["problem"] or "",
+                    )
+                    for g in groups
+                ),
+            ),
+        )
 
     def has_add_permission(self, request):
         return False

@@ -26,10 +26,6 @@ class Answer:
     timed_out: bool = False
     exception: str | None = None
 
-    @property
-    def problem(self):
-        return self.exception
-
 
 def budget_of(entry):
     budget = getattr(entry, "budget_ms", None)

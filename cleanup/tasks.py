@@ -82,41 +82,43 @@ def queue_reconcile(module=None, restarted=False):
 
 
 def ensure_schedule(**kwargs):
-    """Create or update the sweep's schedule, by name; running it again changes nothing.
+    """Create or update the tick's schedule, by name; running it again changes nothing.
 
-    `Schedule.name` is not unique in django-q2, so a stray duplicate left by an older
-    deployment is removed here rather than trusted.
+    `Schedule.name` is not unique in django-q2, so two processes starting at once may
+    both create one: whoever creates also removes every copy but the oldest, and both
+    end with the same single row.
     """
     from django_q.models import Schedule
 
+    fields = {"func": SCHEDULE_FUNC, "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1}
     with transaction.atomic():
-        existing = list(Schedule.objects.select_for_update().filter(name=SCHEDULE_NAME).order_by("id"))
-        for extra in existing[1:]:
-            extra.delete()
-        fields = {
-            "func": SCHEDULE_FUNC,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        }
-        if existing:
-            schedule = existing[0]
+        schedule = Schedule.objects.select_for_update().filter(name=SCHEDULE_NAME).order_by("id").first()
+        if schedule is None:
+            Schedule.objects.create(name=SCHEDULE_NAME, **fields)
+        else:
             changed = [k for k, v in fields.items() if getattr(schedule, k) != v]
             for k in changed:
                 setattr(schedule, k, fields[k])
             if changed:
                 schedule.save(update_fields=changed)
-            return schedule
-        return Schedule.objects.create(name=SCHEDULE_NAME, **fields)
+    oldest = Schedule.objects.filter(name=SCHEDULE_NAME).order_by("id").first()
+    Schedule.objects.filter(name=SCHEDULE_NAME).exclude(pk=oldest.pk).delete()
+    return oldest
+
+
+def startup_task():
+    """What a worker queues when it starts: the schedule, then a reconcile of every module."""
+    ensure_schedule()
+    return reconcile_task()
 
 
 def on_worker_start(sender=None, proc_name=None, **kwargs):
-    """A worker that starts asks every module what is still in force (rule 10)."""
+    """A worker that starts ensures the schedule and asks every module what is in force (rule 10)."""
     if proc_name == "MainProcess":
         # django-q2's sync mode runs a worker inside the caller for every task; that is
         # not a worker starting, and reacting to it would queue tasks without end.
         return
     try:
-        queue_reconcile()
+        _queue("cleanup.tasks.startup_task", task_name="worker start-up")
     except Exception:
-        logger.exception("could not queue the start-up reconcile")
+        logger.exception("could not queue the start-up work")

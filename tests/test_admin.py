@@ -32,6 +32,7 @@ def test_the_run_page_shows_the_ledger_with_its_errors(client, failed_run):
     page = client.get(reverse("admin:cleanup_run_change", args=[failed_run.pk]))
     assert page.status_code == 200
     assert b"shard said 503" in page.content and b"orc-1" in page.content
+    assert b"test.spawn.revert" in page.content, "the cleanup plan is not shown"
     listing = client.get(reverse("admin:cleanup_resource_changelist") + "?state__exact=failed")
     assert b"orc-1" in listing.content
 

@@ -29,6 +29,14 @@ def test_a_duplicate_schedule_left_behind_is_removed():
     assert Schedule.objects.filter(name=SCHEDULE_NAME).count() == 1
 
 
+def test_a_worker_start_ensures_the_schedule(django_capture_on_commit_callbacks):
+    Schedule.objects.all().delete()
+    with django_capture_on_commit_callbacks(execute=True):
+        post_spawn.send(sender="django_q", proc_name="Process-1:1")
+        post_spawn.send(sender="django_q", proc_name="Process-1:2")
+    assert Schedule.objects.filter(name=SCHEDULE_NAME).count() == 1
+
+
 def test_a_changed_schedule_is_put_back():
     schedule = ensure_schedule()
     Schedule.objects.filter(pk=schedule.pk).update(func="somewhere.else", minutes=60)
