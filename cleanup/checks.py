@@ -61,6 +61,18 @@ def check_q_cluster(app_configs=None, **kwargs):
                 id="cleanup.E011",
             )
         )
+    tick_s = getattr(settings, "EVENT_TICK_BUDGET_S", 300)
+    call_s = getattr(settings, "EVENT_DEFAULT_BUDGET_MS", 10_000) / 1000
+    if isinstance(timeout, int) and isinstance(tick_s, int) and tick_s + call_s >= timeout:
+        errors.append(
+            checks.Error(
+                f"EVENT_TICK_BUDGET_S={tick_s!r} plus one module call ({call_s:g} s) is not below "
+                f"Q_CLUSTER timeout={timeout!r}.",
+                hint="A tick stops starting work after its budget, but the call it is in may "
+                "still take its own budget; both must end before django-q2 kills the task.",
+                id="cleanup.E014",
+            )
+        )
     if not conf.get("ack_failures"):
         errors.append(
             checks.Error(

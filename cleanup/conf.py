@@ -18,6 +18,7 @@ BOUNDS = {
     "EVENT_STEP_BACKOFF_S": (5, 0, 86_400),
     "EVENT_RUN_BATCH": (10, 1, 10_000),
     "EVENT_RECONCILE_LOOKBACK_S": (3600, 0, 30 * 86_400),
+    "EVENT_TICK_BUDGET_S": (300, 1, 86_400),
 }
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may

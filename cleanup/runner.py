@@ -25,7 +25,7 @@ from django.utils import timezone
 from . import calls, ledger, registry
 from .conf import claim_timeout_s, setting
 from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
-from .sweep import refresh_cleanup_status
+from .sweep import past, refresh_cleanup_status
 from .tasks import queue_cleanup, queue_tick
 
 logger = logging.getLogger(__name__)
@@ -215,20 +215,28 @@ def due_runs(now, limit):
     )
 
 
-def advance(by="tick"):
-    """The advance leg: every due running run, at most ``EVENT_RUN_BATCH`` of them."""
+def advance(by="tick", deadline=None):
+    """The advance leg: every due running run, at most ``EVENT_RUN_BATCH`` of them.
+
+    Past ``deadline`` no further step is started; the run stays due for the next tick.
+    """
     limit = setting("EVENT_RUN_BATCH")
     ids = due_runs(timezone.now(), limit)
     result = AdvanceResult(full=len(ids) >= limit)
     for run_id in ids:
+        if past(deadline):
+            result.full = True
+            break
         try:
-            performed = advance_run(run_id)
+            performed = advance_run(run_id, deadline=deadline)
         except Exception:
             logger.exception("advancing run %s failed", run_id)
             continue
         if performed is not None:
             result.runs += 1
             result.performed += performed
+    if past(deadline):
+        result.full = True  # a run may have been left between two steps
     return result
 
 
@@ -261,7 +269,7 @@ class _Claim:
         )
 
 
-def advance_run(run_id):
+def advance_run(run_id, deadline=None):
     """Perform a run's ready steps in order; answers how many, or None if not claimed."""
     claim = _Claim(run_id)
     if not claim.take():
@@ -269,7 +277,7 @@ def advance_run(run_id):
     performed = 0
     wake_at = None
     try:
-        while claim.renew():
+        while not past(deadline) and claim.renew():
             step = Step.objects.filter(run_id=run_id).exclude(status=StepStatus.DONE).order_by("position").first()
             if step is None:
                 _end(run_id, RunStatus.COMPLETED, "run.completed", steps=performed)
@@ -439,7 +447,7 @@ class TickResult:
 
     @property
     def full(self):
-        return self.advance.full or self.sweep.runs >= setting("EVENT_CLEANUP_RUN_BATCH")
+        return self.advance.full or self.sweep.full
 
     def line(self):
         return (
@@ -449,10 +457,15 @@ class TickResult:
 
 
 def tick(by="tick"):
-    """Advance, then clean up, once. A tick that reached a bound queues the next at once."""
+    """Advance, then clean up, once. A tick that reached a bound queues the next at once.
+
+    Both legs share ``EVENT_TICK_BUDGET_S``: past it they start nothing new, so that a
+    tick ends well inside django-q2's task timeout even against a shard that hangs.
+    """
     from .sweep import sweep
 
-    result = TickResult(advance=advance(by=by), sweep=sweep(by=by))
+    deadline = timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S"))
+    result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
     if result.full:
         queue_tick()
     return result

@@ -95,12 +95,18 @@ def plan_groups(run, now, limit=None):
     return groups if limit is None else groups[:limit]
 
 
-def cleanup_run(run, *, reset=False, actor=None, by=None):
+def past(deadline):
+    """Has a leg's time budget run out? (None: no budget.)"""
+    return deadline is not None and timezone.now() >= deadline
+
+
+def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     """Give back what one terminal run still holds; answers a `Summary`.
 
     ``reset`` is a person's request (the admin action, the API, ``cleanup_run --reset``):
     it puts every unresolved row of the run back under the attempt ceiling, as the only
-    path that lowers a counter. The automatic sweep never sets it.
+    path that lowers a counter. The automatic sweep never sets it. Past ``deadline`` no
+    further group is started; what is left waits for the next pass.
     """
     run = Run.objects.get(pk=run.pk)
     if not run.is_terminal:
@@ -110,6 +116,8 @@ def cleanup_run(run, *, reset=False, actor=None, by=None):
     summary = Summary()
     now = timezone.now()
     for group in plan_groups(run, now, limit=setting("EVENT_CLEANUP_GROUPS_PER_RUN")):
+        if past(deadline):
+            break
         try:
             work_group(run, group, summary)
         except Exception:
@@ -394,6 +402,7 @@ class SweepResult:
     runs: int = 0
     summary: Summary = None
     released: int = 0
+    full: bool = False  # stopped at a bound: more may be waiting
 
     def line(self):
         s = self.summary
@@ -414,17 +423,29 @@ def runs_needing_cleanup(now, limit):
     )
 
 
-def sweep(by="sweep"):
-    """The cleanup leg: one pass over at most ``EVENT_CLEANUP_RUN_BATCH`` runs."""
+def sweep(by="sweep", deadline=None):
+    """The cleanup leg: one pass over at most ``EVENT_CLEANUP_RUN_BATCH`` runs.
+
+    Past ``deadline`` it starts nothing new, so a task stays well inside django-q2's
+    timeout however slow the shards are; the caller queues the next pass.
+    """
     now = timezone.now()
     result = SweepResult(summary=Summary())
     result.released = _release_spent_claims(now)
-    for run in Run.objects.filter(pk__in=runs_needing_cleanup(now, setting("EVENT_CLEANUP_RUN_BATCH"))):
+    batch = setting("EVENT_CLEANUP_RUN_BATCH")
+    run_ids = runs_needing_cleanup(now, batch)
+    result.full = len(run_ids) >= batch
+    for run in Run.objects.filter(pk__in=run_ids):
+        if past(deadline):
+            result.full = True
+            break
         try:
-            result.summary.add(cleanup_run(run, by=by))
+            result.summary.add(cleanup_run(run, by=by, deadline=deadline))
             result.runs += 1
         except Exception:
             logger.exception("cleanup of run %s failed", run.pk)
+    if past(deadline):
+        result.full = True  # a run may have been left with groups to work
     return result
 
 

@@ -22,9 +22,17 @@ def tick_task():
 
 
 def sweep_task():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from .conf import setting
     from .sweep import sweep
 
-    return sweep(by="schedule").line()
+    result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")))
+    if result.full:
+        queue_sweep()
+    return result.line()
 
 
 def cleanup_run_task(run_id, actor=None):

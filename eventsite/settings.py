@@ -184,6 +184,7 @@ EVENT_STEP_MAX_ATTEMPTS = env_int("EVENT_STEP_MAX_ATTEMPTS", 3)
 EVENT_STEP_BACKOFF_S = env_int("EVENT_STEP_BACKOFF_S", 5)
 EVENT_RUN_BATCH = env_int("EVENT_RUN_BATCH", 10)
 EVENT_RECONCILE_LOOKBACK_S = env_int("EVENT_RECONCILE_LOOKBACK_S", 3600)
+EVENT_TICK_BUDGET_S = env_int("EVENT_TICK_BUDGET_S", 300)
 
 # django-q2 on the ORM broker. A task is handed out again when it is not acknowledged
 # within `retry` seconds, so `timeout` stays well below it; a failing task is

@@ -49,6 +49,8 @@ def test_django_q_timeout_must_stay_below_retry_and_failures_must_end():
     assert conf["timeout"] < conf["retry"]
     with override_settings(Q_CLUSTER={**conf, "timeout": 900, "retry": 600}):
         assert [e.id for e in check_q_cluster()] == ["cleanup.E011"]
+    with override_settings(EVENT_TICK_BUDGET_S=600):
+        assert [e.id for e in check_q_cluster()] == ["cleanup.E014"]
     with override_settings(Q_CLUSTER={**conf, "ack_failures": False, "max_attempts": 0}):
         assert [e.id for e in check_q_cluster()] == ["cleanup.E012", "cleanup.E013"]
 
