@@ -100,38 +100,29 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["cleanup_run"], description="Clean up now (a person's retry: resets attempts)")
     def clean_up(self, request, queryset):
-        done, refused = 0, []
-        for run in queryset:
-            try:
-                request_cleanup(run, _actor(request))
-                done += 1
-            except CleanupRefused as exc:
-                refused.append(str(exc))
-        if done:
-            self.message_user(request, f"Cleanup queued for {done} run(s).", messages.SUCCESS)
-        for reason in refused:
-            self.message_user(request, reason, messages.ERROR)
-
-    def _cancel(self, request, queryset, cleanup):
-        done, refused = 0, []
-        for run in queryset:
-            try:
-                cancel_run(run.pk, cleanup=cleanup, actor=_actor(request))
-                done += 1
-            except RunStateError as exc:
-                refused.append(str(exc))
-        if done:
-            self.message_user(request, f"Cancelled {done} run(s).", messages.SUCCESS)
-        for reason in refused:
-            self.message_user(request, reason, messages.ERROR)
+        self._each(request, queryset, lambda run: request_cleanup(run, _actor(request)), "Cleanup queued for")
 
     @admin.action(permissions=["change"], description="Cancel, and give back what they took")
     def cancel_with_cleanup(self, request, queryset):
-        self._cancel(request, queryset, cleanup=True)
+        self._each(request, queryset, lambda run: cancel_run(run.pk, actor=_actor(request)), "Cancelled")
 
     @admin.action(permissions=["change"], description="Cancel, and leave what they took for later")
     def cancel_without_cleanup(self, request, queryset):
-        self._cancel(request, queryset, cleanup=False)
+        self._each(
+            request, queryset, lambda run: cancel_run(run.pk, cleanup=False, actor=_actor(request)), "Cancelled"
+        )
+
+    def _each(self, request, queryset, engine_call, done_text):
+        """Call the engine for each run; report how many it took and each refusal."""
+        done = 0
+        for run in queryset:
+            try:
+                engine_call(run)
+                done += 1
+            except (CleanupRefused, RunStateError) as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        if done:
+            self.message_user(request, f"{done_text} {done} run(s).", messages.SUCCESS)
 
 
 @admin.register(Resource)

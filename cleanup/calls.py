@@ -176,16 +176,25 @@ def _resource_problem(index, item):
     return None
 
 
-def classify_perform(answer, what):
+def _refusal(answer, what):
+    """``(error, retry)`` when the answer is not a success, else None.
+
+    No answer (a timeout, an exception) is worth another try; so is any refusal that
+    does not say ``retry: False`` in so many words.
+    """
     if answer.exception:
-        return Performed(ok=False, error=answer.exception)
+        return answer.exception, True
     raw = answer.raw
-    if not _is_success(raw):
-        return Performed(
-            ok=False,
-            error=_failure_text(raw, what),
-            retry=not (isinstance(raw, dict) and raw.get("retry") is False),
-        )
+    if _is_success(raw):
+        return None
+    return _failure_text(raw, what), not (isinstance(raw, dict) and raw.get("retry") is False)
+
+
+def classify_perform(answer, what):
+    refused = _refusal(answer, what)
+    if refused:
+        return Performed(ok=False, error=refused[0], retry=refused[1])
+    raw = answer.raw
     resources = raw.get("resources", [])
     if resources is None:
         resources = []
@@ -219,15 +228,10 @@ class Reply:
 
 def classify_reply(answer, what, key=None):
     """Success needs ``ok is True`` and, when ``key`` is given, that key in the answer."""
-    if answer.exception:
-        return Reply(ok=False, error=answer.exception)
+    refused = _refusal(answer, what)
+    if refused:
+        return Reply(ok=False, error=refused[0], retry=refused[1])
     raw = answer.raw
-    if not _is_success(raw):
-        return Reply(
-            ok=False,
-            error=_failure_text(raw, what),
-            retry=not (isinstance(raw, dict) and raw.get("retry") is False),
-        )
     if key is not None and key not in raw:
         return Reply(ok=False, error=f"{what} answered ok without `{key}`")
     return Reply(ok=True, value=raw.get(key) if key else None)

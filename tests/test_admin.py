@@ -66,3 +66,22 @@ def test_waive_resolves_by_hand_and_logs_who(client, failed_run):
     assert waived.detail["by"] == "staffer"
     failed_run.refresh_from_db()
     assert failed_run.cleanup_status == "complete"
+
+
+def test_cancel_actions_end_running_runs_and_report_ended_ones(client):
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    running = make_run(status=RunStatus.RUNNING, name="live raid")
+    ended = make_run(status=RunStatus.COMPLETED, name="old raid")
+    make_rows(make_step(running), ["orc-1"], placeholder=False)
+    client.force_login(staff("view_run", "change_run"))
+
+    response = client.post(reverse("admin:cleanup_run_changelist"),
+                           {"action": "cancel_without_cleanup", "_selected_action": [running.pk, ended.pk]},
+                           follow=True)
+
+    running.refresh_from_db()
+    assert (running.status, running.auto_cleanup) == ("cancelled", False)
+    assert states(running) == {"orc-1": "live"}
+    text = response.content.decode()
+    assert "Cancelled 1 run(s)." in text
+    assert f"run {ended.pk} is already completed" in text
