@@ -82,6 +82,6 @@ def test_cancel_actions_end_running_runs_and_report_ended_ones(client):
     running.refresh_from_db()
     assert (running.status, running.auto_cleanup) == ("cancelled", False)
     assert states(running) == {"orc-1": "live"}
-    text = response.content.decode()
-    assert "Cancelled 1 run(s)." in text
-    assert f"run {ended.pk} is already completed" in text
+    shown = [str(m) for m in response.context["messages"]]
+    assert "Cancelled 1 run(s)." in shown
+    assert f"run {ended.pk} is already completed; only a running run can be cancelled" in shown
