@@ -313,6 +313,9 @@ def _wait(step, now):
     if step.started_at is None:
         Step.objects.filter(pk=step.pk, started_at__isnull=True).update(status=StepStatus.RUNNING, started_at=now)
         step.started_at = now
+        if seconds > 0:
+            RunLog.write(step.run_id, "step.waiting", position=step.position, seconds=seconds,
+                         until=(now + timedelta(seconds=seconds)).isoformat())
     until = step.started_at + timedelta(seconds=seconds)
     if until > now:
         return until

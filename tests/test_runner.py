@@ -60,8 +60,8 @@ def test_a_run_performs_in_order_holds_at_the_wait_completes_and_is_given_back(w
     assert lease.values["camp"] == 1
     assert set(Resource.objects.filter(run=run).values_list("state", flat=True)) == {"reverted"}
     kinds = log_kinds(run)
-    assert kinds[:5] == ["run.started", "step.performed", "step.performed", "step.performed", "step.performed"]
-    assert kinds[5] == "run.completed"
+    assert kinds[:7] == ["run.started", "step.performed", "step.performed", "step.waiting", "step.performed",
+                         "step.performed", "run.completed"]
     assert "cleanup.swept" in kinds
     lease_row = Resource.objects.get(run=run, kind="override")
     assert (lease_row.ref, lease_row.payload["baseline"], lease_row.payload["applied"]) == ("test.rate#camp", 1, 5)

@@ -80,6 +80,14 @@ def test_it_names_an_unreadable_environment_variable(tmp_path):
 def test_it_defaults_to_sqlite_and_reads_database_url(tmp_path):
     result = settings_import({"DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path)})
     assert result.stdout.strip() == "django.db.backends.sqlite3"
+    options = subprocess.run(
+        [sys.executable, "-c", "import eventsite.settings as s; o = s.DATABASES['default']['OPTIONS'];"
+         "print(o['transaction_mode'], o['timeout'], s.DATABASES['default']['NAME'])"],
+        cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "DATABASE_URL": ""},
+    )
+    # Writers wait for the lock (up to the timeout) instead of failing half-way.
+    assert options.stdout.split() == ["IMMEDIATE", "20", str(tmp_path / "eventsite.sqlite3")]
     result = settings_import({"DEBUG": "1", "DATABASE_URL": "postgres://u@127.0.0.1:5432/db"})
     assert result.stdout.strip() == "django.db.backends.postgresql"
     result = settings_import({"DEBUG": "1", "DATABASE_URL": "nosuchdb://x"})
