@@ -95,6 +95,17 @@ class RunAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
+        if obj is not None and (not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists()):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # it would not ask each run whether it owes anything
+        return actions
+
     def has_cleanup_run_permission(self, request):
         return request.user.has_perm("cleanup.cleanup_run")
 
@@ -137,6 +148,9 @@ class ResourceAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # the ledger is resolved (given back, orphaned, waived), never deleted
 
     def has_cleanup_run_permission(self, request):
         return request.user.has_perm("cleanup.cleanup_run")

@@ -280,7 +280,7 @@ def advance_run(run_id, deadline=None):
         while not past(deadline) and claim.renew():
             step = Step.objects.filter(run_id=run_id).exclude(status=StepStatus.DONE).order_by("position").first()
             if step is None:
-                _end(run_id, RunStatus.COMPLETED, "run.completed", steps=performed)
+                _end(run_id, RunStatus.COMPLETED, "run.completed", steps=Step.objects.filter(run_id=run_id).count())
                 break
             now = timezone.now()
             if step.next_attempt_at and step.next_attempt_at > now:

@@ -18,7 +18,7 @@ SCHEDULE_FUNC = "cleanup.tasks.tick_task"
 def tick_task():
     from .runner import tick
 
-    return tick(by="schedule").line()
+    return tick(by="tick task").line()
 
 
 def sweep_task():

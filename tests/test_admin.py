@@ -85,3 +85,15 @@ def test_cancel_actions_end_running_runs_and_report_ended_ones(client):
     shown = [str(m) for m in response.context["messages"]]
     assert "Cancelled 1 run(s)." in shown
     assert f"run {ended.pk} is already completed; only a running run can be cancelled" in shown
+
+
+def test_a_run_that_owes_something_cannot_be_deleted_and_the_ledger_never_can(client, failed_run):
+    user = User.objects.create_superuser("root", password="pw-123456789")
+    client.force_login(user)
+    assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 403
+    row = Resource.objects.get()
+    assert client.get(reverse("admin:cleanup_resource_delete", args=[row.pk])).status_code == 403
+    assert b"delete_selected" not in client.get(reverse("admin:cleanup_run_changelist")).content
+
+    Resource.objects.update(state="reverted")
+    assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 200
