@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo migrate clean
+.PHONY: install test lint demo bench migrate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(STAMP)
 # Everything on 127.0.0.1, SQLite under var/; Ctrl-C stops it all. See bin/demo.
 demo: $(STAMP)
 	$(PY) bin/demo
+
+# Sweep throughput on the local PostgreSQL (a scratch database): medians and ratios.
+bench: $(STAMP)
+	$(PY) bin/bench
 
 migrate: $(STAMP)
 	DEBUG=1 $(PY) manage.py migrate

@@ -305,7 +305,15 @@ def hand_down(run, row, token):
 
 
 def apply_verdict(run, rows, token, verdict, what, summary):
-    """Write one verdict on the rows still held by ``token``, and log it once."""
+    """Write one verdict on the rows still held by ``token``, and log it once.
+
+    In one transaction: the rows and the log entry that explains them land together.
+    """
+    with transaction.atomic():
+        _apply_verdict(run, rows, token, verdict, what, summary)
+
+
+def _apply_verdict(run, rows, token, verdict, what, summary):
     now = timezone.now()
     held = Resource.objects.held_by(token)
     release = {"claim_token": None, "claim_expires_at": None, "updated_at": now}
