@@ -79,9 +79,16 @@ def _ask(group):
     return reply.value, action_id
 
 
+def module_known(name):
+    """A registered module, or an uninstalled one that still owns ledger rows."""
+    if name in registry.modules():
+        return True
+    return "\x00" not in name and Resource.objects.filter(module=name).exists()
+
+
 def reconcile_module(name, restarted=False):
     """Reconcile one module's live rows, and after a restart its recent reverts too."""
-    if name not in registry.modules() and not Resource.objects.filter(module=name).exists():
+    if not module_known(name):
         raise UnknownModule(f'no module is named "{name}"')
     summary = ReconcileSummary()
     live = (

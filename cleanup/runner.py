@@ -98,6 +98,17 @@ def register_builtins():
 # -- starting -------------------------------------------------------------------------
 
 
+def _nul_in(value):
+    """Does a NUL character hide anywhere in a JSON value? PostgreSQL cannot store one."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_nul_in(v) for v in value)
+    return False
+
+
 def validate_spec(name, steps):
     """The cleaned steps of a run spec, or `RunSpecError` naming every bad field."""
     errors = {}
@@ -105,6 +116,8 @@ def validate_spec(name, steps):
         errors["name"] = "a run needs a non-empty name"
     elif len(name) > 200:
         errors["name"] = "a name has at most 200 characters"
+    elif "\x00" in name:
+        errors["name"] = "a name may not contain a NUL character"
     if not isinstance(steps, list) or not steps:
         errors["steps"] = "a run needs a non-empty list of steps"
         raise RunSpecError(errors)
@@ -123,6 +136,9 @@ def validate_spec(name, steps):
             params = {}
         if not isinstance(params, dict):
             errors[f"{where}.params"] = "params must be an object"
+            continue
+        if _nul_in(params):
+            errors[f"{where}.params"] = "params may not contain a NUL character"
             continue
         action = registry.get_action(action_id) if isinstance(action_id, str) else None
         if action is None:

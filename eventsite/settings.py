@@ -170,6 +170,13 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "eventsite events API",
     "DESCRIPTION": "Event runs, their ledger, and the cleanup that gives it back.",
     "VERSION": "1.0.0",
+    # Run.status and Step.status are both "status": name each choice set once.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "cleanup.models.RunStatus",
+        "CleanupStatusEnum": "cleanup.models.CleanupStatus",
+        "StepStatusEnum": "cleanup.models.StepStatus",
+        "ResourceStateEnum": "cleanup.models.ResourceState",
+    },
 }
 
 # The engine. Each value is also read from django.conf.settings where it is used, so

@@ -85,3 +85,13 @@ def test_the_command_starts_a_run_and_refuses_bad_json():
         call_command("start_run", "--name", "raid", "--steps", "[{")
     with pytest.raises(CommandError, match=r"steps\[0\]\.action: no module registers the action 'zzz'"):
         call_command("start_run", "--name", "raid", "--steps", '[{"action": "zzz"}]')
+
+
+def test_a_nul_character_is_refused_before_the_database_sees_it():
+    with pytest.raises(RunSpecError) as refused:
+        start_run("raid\x00", [{"action": "test.spawn", "params": {"count": 1, "note": ["a\x00b"]}}])
+    assert refused.value.errors == {"name": "a name may not contain a NUL character",
+                                    "steps[0].params": "params may not contain a NUL character"}
+    with pytest.raises(RunSpecError) as refused:
+        start_run("raid", [{"action": "test.spawn", "params": {"count": 1, "note": {"k": "a\x00b"}}}])
+    assert refused.value.errors == {"steps[0].params": "params may not contain a NUL character"}

@@ -1,0 +1,22 @@
+"""Staff only, then the model permissions each view names for each method."""
+
+from rest_framework.permissions import BasePermission
+
+
+class StaffWithPermissions(BasePermission):
+    """A staff user holding every permission in ``view.required_perms[method]``.
+
+    An anonymous request is refused with 401 (DRF asks for credentials when no
+    authenticator succeeded), a signed-in user who is not staff or lacks a permission
+    with 403. HEAD is checked as GET; OPTIONS (the endpoint's description) needs staff
+    only; a method the view does not answer passes here so that DRF answers 405.
+    """
+
+    def has_permission(self, request, view):
+        user = request.user
+        if not (user and user.is_authenticated and user.is_active and user.is_staff):
+            return False
+        method = "GET" if request.method == "HEAD" else request.method
+        if method == "OPTIONS" or not hasattr(view, method.lower()):
+            return True
+        return user.has_perms(view.required_perms[method])

@@ -1,0 +1,154 @@
+"""What the API reads and writes: small input serializers, and the engine's objects out."""
+
+from rest_framework import serializers
+
+from ..models import Resource, Run, RunLog, Step
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """JSON ``true`` or ``false`` only: ``"yes"``, ``1`` or ``"false"`` are refused, not guessed at."""
+
+    def to_internal_value(self, data):
+        if data is True or data is False:
+            return data
+        self.fail("invalid", input=data)
+
+
+# -- in -------------------------------------------------------------------------------
+
+
+class StepSpecSerializer(serializers.Serializer):
+    action = serializers.CharField(help_text='A registered action, such as "core.wait".')
+    params = serializers.DictField(required=False, help_text="The action's parameters (default {}).")
+
+
+class RunStartSerializer(serializers.Serializer):
+    """The body that starts a run, for the schema.
+
+    `cleanup.runner.validate_spec` is what checks it, so a client sees the engine's own
+    field messages, keyed like ``steps[1].action``.
+    """
+
+    name = serializers.CharField(max_length=200)
+    steps = StepSpecSerializer(many=True)
+
+
+class CancelSerializer(serializers.Serializer):
+    cleanup = StrictBooleanField(
+        default=True,
+        help_text="Give back what the run took (default). false leaves its rows for a person (rule 7).",
+    )
+
+
+class WaiveSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000, help_text="Why nothing is given back; logged with the actor.")
+
+
+class ReconcileSerializer(serializers.Serializer):
+    restarted = StrictBooleanField(
+        default=False,
+        help_text="As after a backend restart: also ask about recently given-back resources.",
+    )
+
+
+# -- out ------------------------------------------------------------------------------
+
+
+class StepSerializer(serializers.ModelSerializer):
+    action = serializers.CharField(source="action_id")
+
+    class Meta:
+        model = Step
+        fields = ["id", "position", "action", "params", "idempotency_key", "status", "attempts", "last_error",
+                  "next_attempt_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RunSerializer(serializers.ModelSerializer):
+    unresolved = serializers.IntegerField(read_only=True, help_text="Ledger rows not yet resolved.")
+
+    class Meta:
+        model = Run
+        fields = ["id", "name", "status", "cleanup_status", "auto_cleanup", "unresolved", "created_at",
+                  "updated_at", "ended_at"]
+        read_only_fields = fields
+
+
+class RunDetailSerializer(RunSerializer):
+    steps = StepSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "steps"]
+        read_only_fields = fields
+
+
+class ResourceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Resource
+        fields = ["id", "run", "step", "module", "kind", "ref", "member_key", "payload", "state",
+                  "revert_attempts", "retryable", "last_error", "next_attempt_at", "resurrected_from",
+                  "created_at", "updated_at", "resolved_at"]
+        read_only_fields = fields
+
+
+class RunLogSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunLog
+        fields = ["id", "run", "kind", "detail", "at"]
+        read_only_fields = fields
+
+
+class CleanupQueuedSerializer(serializers.Serializer):
+    run = RunSerializer()
+    reset = serializers.IntegerField(help_text="Unresolved rows put back under the attempt ceiling.")
+    queued = serializers.BooleanField()
+
+
+class ReconcileQueuedSerializer(serializers.Serializer):
+    module = serializers.CharField()
+    restarted = serializers.BooleanField()
+    queued = serializers.BooleanField()
+
+
+class PlanRowSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.CharField()
+    ref = serializers.CharField()
+    state = serializers.CharField()
+    attempts = serializers.IntegerField()
+    attempts_left = serializers.IntegerField()
+    last_error = serializers.CharField()
+
+
+class PlanGroupSerializer(serializers.Serializer):
+    verb = serializers.CharField(allow_null=True, help_text='The call that gives the group back, or null.')
+    problem = serializers.CharField(allow_null=True, help_text="Why no call can, or null.")
+    rows = PlanRowSerializer(many=True)
+
+
+class CleanupPlanSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    groups = PlanGroupSerializer(many=True)
+
+
+class RunCountsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    status = serializers.DictField(child=serializers.IntegerField())
+    cleanup_status = serializers.DictField(child=serializers.IntegerField())
+
+
+class ResourceCountsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    state = serializers.DictField(child=serializers.IntegerField())
+    unresolved = serializers.IntegerField()
+
+
+class SummarySerializer(serializers.Serializer):
+    runs = RunCountsSerializer()
+    resources = ResourceCountsSerializer()
+
+
+class DetailSerializer(serializers.Serializer):
+    """An error that is not about a field: 401, 403, 404, 409."""
+
+    detail = serializers.CharField()

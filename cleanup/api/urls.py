@@ -1,0 +1,20 @@
+"""The events API, included by the site under ``/api/events/``."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("runs/", views.RunListView.as_view(), name="events-runs"),
+    path("runs/<int:pk>/", views.RunDetailView.as_view(), name="events-run"),
+    path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="events-run-cancel"),
+    path("runs/<int:pk>/cleanup/", views.RunCleanupView.as_view(), name="events-run-cleanup"),
+    path("runs/<int:pk>/cleanup-plan/", views.RunCleanupPlanView.as_view(), name="events-run-cleanup-plan"),
+    path("runs/<int:pk>/resources/", views.RunResourcesView.as_view(), name="events-run-resources"),
+    path("runs/<int:pk>/log/", views.RunLogView.as_view(), name="events-run-log"),
+    path("resources/", views.ResourceListView.as_view(), name="events-resources"),
+    path("resources/<int:pk>/", views.ResourceDetailView.as_view(), name="events-resource"),
+    path("resources/<int:pk>/waive/", views.ResourceWaiveView.as_view(), name="events-resource-waive"),
+    path("modules/<str:name>/reconcile/", views.ModuleReconcileView.as_view(), name="events-module-reconcile"),
+    path("summary/", views.SummaryView.as_view(), name="events-summary"),
+]

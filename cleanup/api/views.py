@@ -1,0 +1,392 @@
+"""One view per endpoint, each a few lines over the engine (see `cleanup.api`)."""
+
+from django.db.models import Count, Q
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views import defaults
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunStatus
+from ..reconcile import module_known
+from ..runner import RunSpecError, RunStateError, cancel_run, start_run
+from ..sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
+from ..tasks import queue_reconcile
+from . import serializers as s
+from .permissions import StaffWithPermissions
+
+# The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
+# instead of matching nothing.
+MAX_ID = 2**63 - 1
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The resource's state does not allow this."
+    default_code = "conflict"
+
+
+class Page(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class EventsAPI:
+    # Staff only, JSON in and out; `required_perms` names each method's permissions. (A
+    # comment, not a docstring: the schema would show it as every endpoint's description.)
+
+    permission_classes = [StaffWithPermissions]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+    pagination_class = Page
+    required_perms = {}
+
+
+def actor(request):
+    return request.user.get_username()
+
+
+def runs():
+    """Runs with their count of unresolved rows, as every run the API shows carries it."""
+    # Explicitly newest first: Meta.ordering is not applied to an aggregating query.
+    return Run.objects.annotate(
+        unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))
+    ).order_by("-id")
+
+
+def get_run(pk):
+    return get_object_or_404(runs().prefetch_related("steps"), pk=pk)
+
+
+def by_choices(queryset, params, **fields):
+    """``queryset`` narrowed by the query parameters in ``fields``, each checked against its choices."""
+    errors = {}
+    for field, choices in fields.items():
+        value = params.get(field)
+        if value is None:
+            continue
+        if value not in choices.values:
+            errors[field] = [f"unknown value {value!r}; allowed values: {', '.join(choices.values)}"]
+            continue
+        queryset = queryset.filter(**{field: value})
+    if errors:
+        raise ValidationError(errors)
+    return queryset
+
+
+# -- the schema's shared parts ----------------------------------------------------------
+
+FIELD_ERRORS = OpenApiResponse(
+    response={
+        "type": "object",
+        "properties": {"detail": {"type": "string"}},
+        "additionalProperties": {"type": "array", "items": {"type": "string"}},
+    },
+    description=(
+        'Field messages: each key names a field (such as "steps[1].action") or is "non_field_errors"; '
+        'a body that is not JSON answers {"detail"} instead.'
+    ),
+)
+DETAIL = s.DetailSerializer
+
+
+def errors(*codes):
+    """The error responses of an endpoint: always 401 and 403, plus ``codes``."""
+    return {code: FIELD_ERRORS if code == 400 else DETAIL for code in (401, 403, *codes)}
+
+
+def choice_param(name, choices, description):
+    return OpenApiParameter(name, str, enum=list(choices.values), description=description)
+
+
+# -- runs -----------------------------------------------------------------------------
+
+
+@extend_schema(tags=["runs"])
+class RunListView(EventsAPI, generics.ListAPIView):
+    """Listing needs `cleanup.view_run`; starting a run needs `cleanup.add_run`."""
+
+    serializer_class = s.RunSerializer
+    required_perms = {"GET": ["cleanup.view_run"], "POST": ["cleanup.add_run"]}
+
+    def get_queryset(self):
+        return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
+
+    @extend_schema(
+        summary="List runs, newest first",
+        parameters=[
+            choice_param("status", RunStatus, "Only runs in this status."),
+            choice_param("cleanup_status", CleanupStatus, "Only runs in this cleanup status."),
+        ],
+        responses={200: s.RunSerializer(many=True), **errors(400, 404)},
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        summary="Start a run",
+        request=s.RunStartSerializer,
+        responses={201: s.RunDetailSerializer, **errors(400)},
+    )
+    def post(self, request):
+        body = request.data
+        if not isinstance(body, dict):
+            raise ValidationError({"non_field_errors": ['the body is a JSON object {"name", "steps"}']})
+        unknown = {field: ["unknown field"] for field in sorted(set(body) - {"name", "steps"})}
+        if unknown:
+            raise ValidationError(unknown)
+        try:
+            run = start_run(body.get("name"), body.get("steps"), actor=actor(request))
+        except RunSpecError as exc:
+            raise ValidationError({field: [message] for field, message in exc.errors.items()}) from None
+        return Response(s.RunDetailSerializer(get_run(run.pk)).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["runs"], summary="A run with its steps", responses={200: s.RunDetailSerializer, **errors(404)})
+class RunDetailView(EventsAPI, generics.RetrieveAPIView):
+    """Needs `cleanup.view_run`."""
+
+    serializer_class = s.RunDetailSerializer
+    required_perms = {"GET": ["cleanup.view_run"]}
+
+    def get_object(self):
+        return get_run(self.kwargs["pk"])
+
+
+@extend_schema(
+    tags=["runs"],
+    summary="Cancel a running run",
+    request=s.CancelSerializer,
+    responses={200: s.RunDetailSerializer, **errors(400, 404, 409)},
+)
+class RunCancelView(EventsAPI, APIView):
+    """Needs `cleanup.change_run`. Only a running run can be cancelled (409 otherwise); with
+    `"cleanup": false` its ledger rows stay unreverted until a person asks for a cleanup."""
+
+    required_perms = {"POST": ["cleanup.change_run"]}
+
+    def post(self, request, pk):
+        body = s.CancelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            cancel_run(pk, cleanup=body.validated_data["cleanup"], actor=actor(request))
+        except Run.DoesNotExist as exc:
+            raise NotFound(str(exc)) from None
+        except RunStateError as exc:
+            raise Conflict(str(exc)) from None
+        return Response(s.RunDetailSerializer(get_run(pk)).data)
+
+
+@extend_schema(
+    tags=["runs"],
+    summary="Clean up an ended run now (a person's retry: resets its attempts)",
+    request=None,
+    responses={202: s.CleanupQueuedSerializer, **errors(404, 409)},
+)
+class RunCleanupView(EventsAPI, APIView):
+    """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
+    ceiling, logs `cleanup.retry` with the actor and queues a pass. A run still in flight
+    answers 409."""
+
+    required_perms = {"POST": ["cleanup.cleanup_run"]}
+
+    def post(self, request, pk):
+        run = get_object_or_404(Run, pk=pk)
+        try:
+            reset = request_cleanup(run, actor(request))
+        except CleanupRefused as exc:
+            raise Conflict(str(exc)) from None
+        answer = {"run": get_run(pk), "reset": reset, "queued": True}
+        return Response(s.CleanupQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(
+    tags=["runs"],
+    summary="What the next cleanup pass would do, without doing it",
+    responses={200: s.CleanupPlanSerializer, **errors(404)},
+)
+class RunCleanupPlanView(EventsAPI, APIView):
+    """Needs `cleanup.view_run` and `cleanup.view_resource`. Reads only: groups, the verb that
+    gives each back, its rows and their attempts left."""
+
+    required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
+
+    def get(self, request, pk):
+        run = get_object_or_404(Run, pk=pk)
+        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run)}).data)
+
+
+@extend_schema(
+    tags=["runs"],
+    summary="A run's ledger rows",
+    parameters=[choice_param("state", ResourceState, "Only rows in this state.")],
+    responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
+)
+class RunResourcesView(EventsAPI, generics.ListAPIView):
+    """Needs `cleanup.view_resource`."""
+
+    serializer_class = s.ResourceSerializer
+    required_perms = {"GET": ["cleanup.view_resource"]}
+
+    def get_queryset(self):
+        run = get_object_or_404(Run, pk=self.kwargs["pk"])
+        return by_choices(run.resources.order_by("id"), self.request.query_params, state=ResourceState)
+
+
+@extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
+class RunLogView(EventsAPI, generics.ListAPIView):
+    """Needs `cleanup.view_runlog`. Oldest first."""
+
+    serializer_class = s.RunLogSerializer
+    required_perms = {"GET": ["cleanup.view_runlog"]}
+
+    def get_queryset(self):
+        return get_object_or_404(Run, pk=self.kwargs["pk"]).log.order_by("id")
+
+
+# -- the ledger -----------------------------------------------------------------------
+
+
+@extend_schema(
+    tags=["resources"],
+    summary="The ledger",
+    parameters=[
+        choice_param("state", ResourceState, "Only rows in this state."),
+        OpenApiParameter("module", str, description="Only rows of this module."),
+        OpenApiParameter("run", {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+                         description="Only rows of this run."),
+    ],
+    responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
+)
+class ResourceListView(EventsAPI, generics.ListAPIView):
+    """Needs `cleanup.view_resource`."""
+
+    serializer_class = s.ResourceSerializer
+    required_perms = {"GET": ["cleanup.view_resource"]}
+
+    def get_queryset(self):
+        params = self.request.query_params
+        rows = by_choices(Resource.objects.order_by("id"), params, state=ResourceState)
+        if "module" in params:
+            # No row can hold a NUL, and PostgreSQL refuses one in a query.
+            rows = rows.none() if "\x00" in params["module"] else rows.filter(module=params["module"])
+        if "run" in params:
+            run = params["run"]
+            if not (run.isdecimal() and 0 < int(run) <= MAX_ID):
+                raise ValidationError({"run": [f"a run id is a whole number from 1 to {MAX_ID}, got {run!r}"]})
+            rows = rows.filter(run_id=int(run))
+        return rows
+
+
+@extend_schema(tags=["resources"], summary="One ledger row", responses={200: s.ResourceSerializer, **errors(404)})
+class ResourceDetailView(EventsAPI, generics.RetrieveAPIView):
+    """Needs `cleanup.view_resource`."""
+
+    serializer_class = s.ResourceSerializer
+    queryset = Resource.objects.all()
+    required_perms = {"GET": ["cleanup.view_resource"]}
+
+
+@extend_schema(
+    tags=["resources"],
+    summary="Resolve an unresolved row by hand; nothing is given back",
+    request=s.WaiveSerializer,
+    responses={200: s.ResourceSerializer, **errors(400, 404, 409)},
+)
+class ResourceWaiveView(EventsAPI, APIView):
+    """Needs `cleanup.cleanup_run`. The row is resolved as `waived` with the reason and the
+    actor, and logged; a row already resolved, or held by a sweeper now, answers 409."""
+
+    required_perms = {"POST": ["cleanup.cleanup_run"]}
+
+    def post(self, request, pk):
+        row = get_object_or_404(Resource, pk=pk)
+        body = s.WaiveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        waived = waive([row], body.validated_data["reason"], actor(request))
+        row.refresh_from_db()
+        if not waived:
+            raise Conflict(
+                f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived"
+            )
+        return Response(s.ResourceSerializer(row).data)
+
+
+# -- modules and the whole --------------------------------------------------------------
+
+
+@extend_schema(
+    tags=["modules"],
+    summary="Ask a module which of its ledgered resources are still in the world",
+    request=s.ReconcileSerializer,
+    responses={202: s.ReconcileQueuedSerializer, **errors(400, 404)},
+)
+class ModuleReconcileView(EventsAPI, APIView):
+    """Needs `cleanup.cleanup_run`. Queues the reconcile; rows the module no longer has
+    become `orphaned`. A module neither registered nor owning ledger rows answers 404."""
+
+    required_perms = {"POST": ["cleanup.cleanup_run"]}
+
+    def post(self, request, name):
+        body = s.ReconcileSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        # Checked here because the reconcile itself runs later, in a worker.
+        if not module_known(name):
+            raise NotFound(f'no module is named "{name}"')
+        restarted = body.validated_data["restarted"]
+        queue_reconcile(module=name, restarted=restarted)
+        answer = {"module": name, "restarted": restarted, "queued": True}
+        return Response(s.ReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+
+
+def counts(queryset, field, choices):
+    """How many of ``queryset`` have each value of ``field``, every choice present."""
+    found = dict(queryset.order_by().values_list(field).annotate(n=Count("id")))
+    return {**dict.fromkeys(choices.values, 0), **found}
+
+
+@extend_schema(tags=["summary"], summary="Runs and ledger rows counted", responses={200: s.SummarySerializer,
+                                                                                     **errors()})
+class SummaryView(EventsAPI, APIView):
+    """Needs `cleanup.view_run` and `cleanup.view_resource`."""
+
+    required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
+
+    def get(self, request):
+        by_state = counts(Resource.objects.all(), "state", ResourceState)
+        answer = {
+            "runs": {
+                "total": Run.objects.count(),
+                "status": counts(Run.objects.all(), "status", RunStatus),
+                "cleanup_status": counts(Run.objects.all(), "cleanup_status", CleanupStatus),
+            },
+            "resources": {
+                "total": sum(by_state.values()),
+                "state": by_state,
+                "unresolved": sum(by_state[state] for state in UNRESOLVED),
+            },
+        }
+        return Response(s.SummarySerializer(answer).data)
+
+
+# -- the site's error pages, as JSON under /api/ ----------------------------------------
+
+
+def not_found(request, exception=None):
+    """A URL no endpoint matches answers JSON under /api/, like every other API error."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Server error."}, status=500)
+    return defaults.server_error(request)
