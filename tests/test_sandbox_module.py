@@ -179,6 +179,13 @@ def test_revert_of_an_empty_list_gives_back_what_the_key_spawned(sandbox):
     assert present(sandbox, refs_of(other)) == refs_of(other)
 
 
+def test_revert_of_an_empty_list_revokes_the_key_so_a_late_spawn_cannot_land(sandbox):
+    assert revert([], key="timed-out-step") == {"ok": True, "failed": []}
+    # The step's spawn, still on its way when the engine gave the key back, arrives now.
+    assert_terminal(perform(key="timed-out-step"), "given back")
+    assert on_shard(sandbox, key="timed-out-step") == []
+
+
 def test_revert_of_an_empty_list_with_nothing_under_the_key_is_success(sandbox):
     assert revert([], key="never-performed") == {"ok": True, "failed": []}
 

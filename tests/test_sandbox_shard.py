@@ -284,6 +284,21 @@ def test_spawn_replay_names_the_creatures_despawned_since(shard_process):
     assert refs_of(by_key(shard_process, SPAWN["key"])) == first[1:]
 
 
+def test_a_revoked_key_spawns_nothing_more_and_keeps_what_it_made(shard_process):
+    made = refs_of(spawn(shard_process)["creatures"])
+    from urllib.parse import quote
+
+    response = shard_process.post(f"/spawns/{quote(SPAWN['key'], safe='')}/revoke")
+    assert (response.status_code, response.json()) == (200, {"key": SPAWN["key"], "revoked": True})
+    refused = shard_process.post("/spawn", json=SPAWN)
+    assert refused.status_code == 409 and "given back" in refused.json()["error"]
+    fresh = shard_process.post("/spawn", json={**SPAWN, "key": "never-spawned"})
+    assert fresh.status_code == 201
+    shard_process.post("/spawns/never-spawned/revoke")
+    assert shard_process.post("/spawn", json={**SPAWN, "key": "never-spawned"}).status_code == 409
+    assert refs_of(by_key(shard_process, SPAWN["key"])) == made, "revoking despawned something"
+
+
 def test_spawn_with_a_used_key_and_other_params_answers_409(shard_process):
     spawn(shard_process)
     response = shard_process.post("/spawn", json={**SPAWN, "count": 4})

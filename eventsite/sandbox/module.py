@@ -165,10 +165,14 @@ class SpawnAction(registry.Action):
         except ValueError as exc:
             return terminal(str(exc))
         if not refs:
-            # The step died before it recorded what it made: whatever its key spawned is
-            # this step's to give back.
+            # The step died (or its call timed out) before it recorded what it made:
+            # whatever its key spawned is this step's to give back. The key is revoked
+            # first, so a spawn still on its way to the shard cannot land afterwards.
             if not isinstance(idempotency_key, str) or not idempotency_key.strip():
                 return {"ok": True, "failed": []}
+            reply = shard.post(f"/spawns/{quote(idempotency_key, safe='')}/revoke", None)
+            if not reply.ok:
+                return reply.failure()
             reply = shard.get("/creatures", params={"key": idempotency_key})
             if not reply.ok:
                 return reply.failure()

@@ -36,6 +36,11 @@ POST     /despawn                  ``{"refs": [...]}`` (at most 1000): 200
                                    already gone is no error: it is listed as absent.
 GET      /creatures[?key=K]        ``{"creatures": [{"ref", "kind", "at", "key"}]}``,
                                    those spawned under K, or all of them.
+POST     /spawns/KEY/revoke        ``{"key", "revoked": true}``: no spawn under KEY
+                                   happens any more (``/spawn`` with it answers 409),
+                                   so a spawn still on its way cannot land after the
+                                   engine gave the key's creatures back. Despawns
+                                   nothing: that is ``/despawn``'s job.
 POST     /creatures/lookup         ``{"refs": [...]}``: ``{"present": [...],
                                    "absent": [...]}``, which of those refs exist.
 GET      /spawners                 ``{"spawners": [{"name", "rate"}]}``
@@ -196,6 +201,7 @@ class World:
         self.lock = threading.Lock()
         self.creatures = {}  # ref -> {"ref", "kind", "at", "key"}
         self.spawns = {}  # key -> {"creature", "count", "at", "records": [creature]}
+        self.revoked = set()  # keys given back: they spawn nothing more
         self.spawners = dict(INITIAL_SPAWNERS)
         for kind, at in AMBIENT:
             ref = _new_ref()
@@ -209,7 +215,7 @@ class World:
 
     # state that a save keeps and a rollback restores
     def _state(self):
-        return copy.deepcopy((self.creatures, self.spawns, self.spawners))
+        return copy.deepcopy((self.creatures, self.spawns, self.spawners, self.revoked))
 
     def save(self):
         with self.lock:
@@ -230,13 +236,14 @@ class World:
         with self.lock:
             previous = self.boot_id
             if mode == "rollback":
-                self.creatures, self.spawns, self.spawners = copy.deepcopy(self._snapshot)
+                self.creatures, self.spawns, self.spawners, self.revoked = copy.deepcopy(self._snapshot)
             else:  # wipe: forget every event spawn, in the world and in the save
-                creatures, _, spawners = self._snapshot
+                creatures, _, spawners, revoked = self._snapshot
                 self._snapshot = (
                     {r: c for r, c in creatures.items() if c["key"] is None},
                     {},
                     spawners,
+                    revoked,
                 )
                 self.creatures = {r: c for r, c in self.creatures.items() if c["key"] is None}
                 self.spawns = {}
@@ -247,6 +254,10 @@ class World:
     def spawn(self, key, creature, count, at):
         """``(created, answer)``: created is False when the key had already spawned."""
         with self.lock:
+            if key in self.revoked:
+                raise BadRequest(
+                    f"key {key!r} was given back; it spawns nothing more", status=409, field="key"
+                )
             done = self.spawns.get(key)
             if done is not None:
                 if (done["creature"], done["count"], done["at"]) != (creature, count, at):
@@ -282,6 +293,11 @@ class World:
                 "creatures": copy.deepcopy(records),
                 "despawned": [],
             }
+
+    def revoke(self, key):
+        with self.lock:
+            self.revoked.add(key)
+        return {"key": key, "revoked": True}
 
     def despawn(self, refs):
         with self.lock:
@@ -361,6 +377,13 @@ def route_despawn(world, request):
     body = request.json_object()
     _only(body, ("refs",))
     return 200, world.despawn(_refs(body))
+
+
+def route_revoke(world, request, key):
+    request.no_body()
+    if not key.strip() or len(key) > MAX_TEXT:
+        raise BadRequest(f"a key is a non-empty string of at most {MAX_TEXT} characters", field="key")
+    return 200, world.revoke(key)
 
 
 def route_creatures(world, request):
@@ -462,6 +485,7 @@ ROUTES = [
     ("GET", r"/health", route_health, False),
     ("POST", r"/spawn", route_spawn, False),
     ("POST", r"/despawn", route_despawn, False),
+    ("POST", r"/spawns/(?P<key>[^/]+)/revoke", route_revoke, False),
     ("GET", r"/creatures", route_creatures, False),
     ("POST", r"/creatures/lookup", route_lookup, False),
     ("GET", r"/spawners", route_spawners, False),
