@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from .conf import default_budget_ms
+from .conf import claim_timeout_s, default_budget_ms
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,15 @@ class Answer:
 def budget_of(entry):
     budget = getattr(entry, "budget_ms", None)
     return budget if isinstance(budget, int) and budget > 0 else default_budget_ms()
+
+
+def budget_under_claim(entry):
+    """A call's budget, cut so that it ends a second before the claim covering it expires.
+
+    Otherwise a second worker could take the claim, and the step or the rows with it,
+    while the first is still waiting for the module's answer.
+    """
+    return max(1, min(budget_of(entry), claim_timeout_s() * 1000 - 1000))
 
 
 def call(fn, *, budget_ms, what, **kwargs):

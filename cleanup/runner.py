@@ -363,7 +363,7 @@ def _perform_action(step):
     ledger.write_placeholder(step, action.module)
     answer = calls.call(
         action.perform,
-        budget_ms=calls.budget_of(action),
+        budget_ms=calls.budget_under_claim(action),
         what=step.action_id,
         run_id=step.run_id,
         step_id=step.pk,
@@ -389,7 +389,7 @@ def _perform_lease(step):
         # Read and reserve once per step: a retry after an apply that may have landed
         # must not read the applied value as the baseline.
         reply = calls.classify_reply(
-            calls.call(lease.read, budget_ms=calls.budget_of(lease), what=f"{lease.id}.read", target=target),
+            calls.call(lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read", target=target),
             f"{lease.id}.read",
             key="value",
         )
@@ -399,7 +399,7 @@ def _perform_lease(step):
     reply = calls.classify_reply(
         calls.call(
             lease.apply,
-            budget_ms=calls.budget_of(lease),
+            budget_ms=calls.budget_under_claim(lease),
             what=f"{lease.id}.apply",
             value=params["value"],
             run_id=step.run_id,
@@ -413,10 +413,16 @@ def _perform_lease(step):
 
 
 def _record_outcome(step, performed):
+    """Write an attempt's outcome, unless another ticker has taken the step over since.
+
+    What the attempt made is in the ledger either way (`_perform_action` recorded it).
+    """
     now = timezone.now()
     run = Run.objects.get(pk=step.run_id)
+    ours = Step.objects.filter(pk=step.pk, status=StepStatus.RUNNING, attempts=step.attempts)
     if performed.ok:
-        Step.objects.filter(pk=step.pk).update(status=StepStatus.DONE, finished_at=now, last_error="")
+        if not ours.update(status=StepStatus.DONE, finished_at=now, last_error=""):
+            return now
         RunLog.write(
             step.run_id,
             "step.performed",
@@ -435,12 +441,13 @@ def _record_outcome(step, performed):
         return True
     last = not performed.retry or step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS")
     retry_at = None if last else now + timedelta(seconds=setting("EVENT_STEP_BACKOFF_S") * 2 ** (step.attempts - 1))
-    Step.objects.filter(pk=step.pk).update(
+    if not ours.update(
         status=StepStatus.FAILED if last else StepStatus.PENDING,
         last_error=performed.error,
         next_attempt_at=retry_at,
         finished_at=now if last else None,
-    )
+    ):
+        return now
     RunLog.write(
         step.run_id,
         "step.failed",

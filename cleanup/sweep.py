@@ -166,20 +166,14 @@ def work_group(run, group, summary):
     if group.kind == "lease":
         verdict, what = give_back_lease(run, rows[0], token)
     else:
-        verdict, what = give_back_rows(run, rows, timeout)
+        verdict, what = give_back_rows(run, rows)
     if verdict is HANDED_DOWN:
         summary.reverted += 1
     else:
         apply_verdict(run, rows, token, verdict, what, summary)
 
 
-def _deadline_ms(entry, claim_timeout):
-    # A call never outlives the claim that covers it, or a second sweeper could take
-    # the rows while the first is still waiting for the module's answer.
-    return max(1, min(calls.budget_of(entry), claim_timeout * 1000 - 1000))
-
-
-def give_back_rows(run, rows, claim_timeout):
+def give_back_rows(run, rows):
     """One ``revert`` call for a step's rows (or one loose row)."""
     first = rows[0]
     step = first.step
@@ -211,7 +205,7 @@ def give_back_rows(run, rows, claim_timeout):
         key = (first.payload or {}).get("idempotency_key") or first.ref
     answer = calls.call(
         action.revert,
-        budget_ms=_deadline_ms(action, claim_timeout),
+        budget_ms=calls.budget_under_claim(action),
         what=action_id,
         run_id=run.pk,
         resources=resources,
@@ -239,7 +233,7 @@ def give_back_lease(run, row, token):
         return handed, row.ref
     answer = calls.call(
         lease.restore,
-        budget_ms=_deadline_ms(lease, claim_timeout_s()),
+        budget_ms=calls.budget_under_claim(lease),
         what=row.ref,
         baseline=payload["baseline"],
         expected=payload["applied"],

@@ -4,7 +4,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from cleanup import ledger, registry
-from cleanup.models import CleanupStatus, Resource, Run, RunStatus, StepStatus
+from cleanup.models import CleanupStatus, Resource, Run, RunStatus, Step, StepStatus
 from cleanup.runner import RunStateError, cancel_run, start_run, tick
 from cleanup.sweep import cleanup_run, sweep
 from tests.fakes import FakeAction, Scripted, despawner, log_kinds, spawner
@@ -157,3 +157,39 @@ def test_a_step_performing_while_its_run_is_cancelled_still_ledgers_and_gives_ba
     assert set(rows.values_list("state", flat=True)) == {"reverted"}
     assert world == {}
     assert run.cleanup_status == CleanupStatus.COMPLETE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ticker_whose_step_was_taken_over_changes_nothing_when_it_answers():
+    from django.db.models import F
+
+    world = {}
+    make = spawner(world)
+
+    def perform_while_taken_over(**kwargs):
+        answer = make(**kwargs)
+        # Meanwhile another ticker took the step over (its own attempt).
+        Step.objects.filter(pk=kwargs["step_id"]).update(attempts=F("attempts") + 1)
+        return answer
+
+    registry.register_action(FakeAction(perform=perform_while_taken_over, revert=Scripted(despawner(world))))
+    from unittest import mock
+
+    with mock.patch("cleanup.runner.queue_tick"):  # this test's tick is the only one
+        run = start_run("slow ticker", [{"action": "test.spawn", "params": {"count": 2}}])
+        tick()
+
+    step = run.steps.get()
+    assert (step.status, step.attempts) == (StepStatus.RUNNING, 2), "the late answer overwrote the newer attempt"
+    assert not run.log.filter(kind="step.performed").exists()
+    assert Resource.objects.filter(run=run, kind="creature").count() == 2, "what it made was not ledgered"
+
+
+def test_a_module_call_never_outlives_the_claim_that_covers_it():
+    from django.test import override_settings
+
+    from cleanup import calls
+
+    with override_settings(EVENT_CLAIM_TIMEOUT_S=30):
+        assert calls.budget_under_claim(FakeAction(budget_ms=600_000)) == 29_000
+        assert calls.budget_under_claim(FakeAction(budget_ms=5_000)) == 5_000
