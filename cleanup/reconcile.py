@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from . import calls, registry
 from .conf import setting
-from .models import LEASE_KIND, STEP_KIND, CleanupStatus, Resource, ResourceState, Run, RunLog
+from .models import LEASE_KIND, STEP_KIND, UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -138,57 +138,81 @@ def _orphan(name, action_id, rows):
     return orphaned
 
 
+def _recent_reverts(name, since):
+    return Resource.objects.filter(
+        module=name, state=ResourceState.REVERTED, resolved_at__gte=since, resurrection__isnull=True
+    ).select_related("step")
+
+
 def _resurrect(name):
     """Rule 14: record again what a rolled-back backend brought back, to give it back."""
     since = timezone.now() - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
-    recent = (
-        Resource.objects.filter(
-            module=name,
-            state=ResourceState.REVERTED,
-            resolved_at__gte=since,
-            resurrection__isnull=True,
-        )
-        .exclude(kind__in=(STEP_KIND, LEASE_KIND))
-        .select_related("step")
-        .order_by("id")
-    )
-    count = 0
-    touched_runs = set()
+    back = []  # (row, what)
+    recent = _recent_reverts(name, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
     for group in _groups(recent):
         in_force, action_id = _ask(group)
-        if not in_force:
-            continue
-        for row in group:
-            if row.ref not in in_force:
-                continue
-            try:
-                with transaction.atomic():
-                    again = Resource.objects.create(
-                        run_id=row.run_id,
-                        step_id=row.step_id,
-                        module=row.module,
-                        kind=row.kind,
-                        ref=row.ref,
-                        member_key=row.member_key,
-                        payload=row.payload,
-                        resurrected_from=row,
-                    )
-                    RunLog.write(
-                        row.run_id,
-                        "resource.resurrected",
-                        module=name,
-                        action=action_id,
-                        resource=f"{row.kind}:{row.ref}",
-                        resource_id=again.pk,
-                        previous_id=row.pk,
-                    )
-            except IntegrityError:
-                continue  # another reconcile recorded it first
-            count += 1
-            touched_runs.add(row.run_id)
+        if in_force:
+            back.extend((row, action_id) for row in group if row.ref in in_force)
+    back.extend(_leases_back(_recent_reverts(name, since).filter(kind=LEASE_KIND).order_by("-id")))
+    count = 0
+    touched_runs = set()
+    for row, what in back:
+        try:
+            with transaction.atomic():
+                again = Resource.objects.create(
+                    run_id=row.run_id,
+                    step_id=row.step_id,
+                    module=row.module,
+                    kind=row.kind,
+                    ref=row.ref,
+                    member_key=row.member_key,
+                    payload=row.payload,
+                    resurrected_from=row,
+                )
+                RunLog.write(
+                    row.run_id,
+                    "resource.resurrected",
+                    module=name,
+                    action=what,
+                    resource=f"{row.kind}:{row.ref}",
+                    resource_id=again.pk,
+                    previous_id=row.pk,
+                )
+        except IntegrityError:
+            continue  # another reconcile recorded it first
+        count += 1
+        touched_runs.add(row.run_id)
     if touched_runs:
         Run.objects.filter(pk__in=touched_runs).update(cleanup_status=CleanupStatus.PENDING)
     return count
+
+
+def _leases_back(rows):
+    """Restored leases whose applied value is in force again: a save taken while they held.
+
+    One read per target, and only the newest restored lease of a target counts: it is the
+    one whose restore the rollback undid. A target that an unresolved lease holds now is
+    that lease's business, not a resurrection.
+    """
+    seen, back = set(), []
+    for row in rows:
+        if row.ref in seen:
+            continue
+        seen.add(row.ref)
+        lease, target = registry.lease_for_ref(row.ref)
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        if lease is None or "applied" not in payload or payload["applied"] == payload.get("baseline"):
+            continue
+        if Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED).exists():
+            continue
+        reply = calls.classify_reply(
+            calls.call(lease.read, budget_ms=calls.budget_of(lease), what=f"{lease.id}.read", target=target),
+            f"{lease.id}.read",
+            key="value",
+        )
+        if reply.ok and reply.value == payload["applied"]:
+            back.append((row, row.ref))
+    return back
 
 
 def reconcile_all(restarted=False):

@@ -72,3 +72,27 @@ def test_without_a_restart_reverted_rows_are_not_asked_about():
     sweep()
     assert reconcile_module("test").resurrected == 0
     assert reconcile.calls == []
+
+
+def test_a_restored_lease_comes_back_only_when_its_value_is_in_force_and_no_lease_holds_the_target():
+    from cleanup.models import RunStatus
+    from tests.fakes import FakeLease, make_lease_row
+
+    lease = registry.register_lease(FakeLease(values={"camp": 5, "den": 3, "gate": 7}))
+    run = make_run()
+    make_lease_row(run, target="camp", baseline=1, applied=5)
+    make_lease_row(run, target="den", baseline=1, applied=3)
+    make_lease_row(run, target="gate", baseline=1, applied=7)
+    sweep()
+    assert lease.values == {"camp": 1, "den": 1, "gate": 1}
+
+    # The rollback: camp and den are back at their boosts, gate at some other value...
+    lease.values.update(camp=5, den=3, gate=2)
+    # ...and a running run holds den now, with its own lease.
+    make_lease_row(make_run(status=RunStatus.RUNNING), target="den", baseline=3, applied=3)
+
+    assert reconcile_module("test", restarted=True).resurrected == 1
+    again = Resource.objects.get(state="live", resurrected_from__isnull=False)
+    assert again.ref == "test.rate#camp"
+    sweep()
+    assert lease.values["camp"] == 1

@@ -200,3 +200,22 @@ def test_a_wipe_restart_orphans_every_event_spawn(world):
 
     assert reconcile_module("sandbox", restarted=True).orphaned == 4
     assert set(Resource.objects.filter(run=run, kind="creature").values_list("state", flat=True)) == {"orphaned"}
+
+
+def test_a_rollback_that_brings_a_boost_back_has_it_restored_again(world):
+    run = start_run("festival", [boost(4.0), hold()])
+    tick()
+    world.post("/save")  # the shard saves while the boost holds
+    cancel_run(run.pk)
+    sweep()
+    assert rate(world) == 1.0
+
+    world.post("/restart", json={"mode": "rollback"})
+    assert rate(world) == 4.0, "the rollback did not bring the boost back"
+    assert reconcile_module("sandbox", restarted=True).resurrected == 1
+    sweep()
+
+    assert rate(world) == 1.0
+    assert run.log.get(kind="resource.resurrected").detail["resource"] == "override:sandbox.spawner_rate#orc-camp"
+    # Asked again, with the boost given back, nothing more comes back.
+    assert reconcile_module("sandbox", restarted=True).resurrected == 0
