@@ -68,13 +68,27 @@ def record_resources(step, module, resources):
 
 
 def reserve_lease(step, lease, target, baseline, applied):
-    """Record a lease (kind ``override``) before it is applied; answers the row."""
+    """Record a lease (kind ``override``) before it is applied; answers the row.
+
+    It is ``confirmed: false`` until `confirm_lease`: until then the engine does not take
+    it as holding the target (rule 13).
+    """
     return Resource.objects.create(
         run_id=step.run_id,
         step=step,
         module=lease.module,
         kind=LEASE_KIND,
         ref=registry.lease_ref(lease.id, target),
-        payload={"baseline": baseline, "applied": applied, "action": step.action_id},
+        payload={"baseline": baseline, "applied": applied, "action": step.action_id, "confirmed": False},
         state=ResourceState.LIVE,
     )
+
+
+def confirm_lease(row):
+    """The lease's apply answered success. Under a lock: a hand-down may be rewriting the
+    row's baseline at the same moment, and neither change may lose the other."""
+    with transaction.atomic():
+        locked = Resource.objects.select_for_update().get(pk=row.pk)
+        payload = dict(locked.payload or {})
+        payload["confirmed"] = True
+        Resource.objects.filter(pk=row.pk).update(payload=payload)

@@ -409,6 +409,7 @@ def _perform_lease(step):
     )
     if not reply.ok:
         return calls.Performed(ok=False, error=reply.error, retry=reply.retry)
+    ledger.confirm_lease(row)
     return calls.Performed(ok=True, resources=({"kind": LEASE_KIND, "ref": row.ref},))
 
 

@@ -221,6 +221,11 @@ def give_back_lease(run, row, token):
     lease's, so restoring this one would undo it. The older lease instead hands its
     baseline to the next newer one and resolves; only the newest calls ``restore``, and
     the last to end puts back the value from before the first began.
+
+    A newer lease whose ``apply`` was never confirmed may not hold the target at all (its
+    apply failed, or is still on its way), so it does not stop this one from restoring;
+    it receives the baseline all the same, and its own restore then finds the value
+    already put back, or (if its apply landed after all) puts it back itself.
     """
     lease, target = registry.lease_for_ref(row.ref)
     if lease is None:
@@ -228,7 +233,7 @@ def give_back_lease(run, row, token):
     payload = row.payload if isinstance(row.payload, dict) else {}
     if "baseline" not in payload or "applied" not in payload:
         return Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref
-    handed = hand_down(run, row, token)
+    handed = hand_down(run, row, token, confirmed_only=True)
     if handed is not None:
         return handed, row.ref
     answer = calls.call(
@@ -242,37 +247,58 @@ def give_back_lease(run, row, token):
     )
     verdict = calls.classify_revert(answer, row.ref)
     if verdict.outcome == Outcome.DRIFTED:
-        # A run may have leased the target between our look and our restore: its value
-        # is the "drift", and the baseline is its to put back.
-        handed = hand_down(run, row, token)
+        # A run may have leased the target between our look and our restore (or its
+        # unconfirmed apply landed): its value is the "drift", and the baseline is its to
+        # put back.
+        handed = hand_down(run, row, token, confirmed_only=False)
         if handed is not None:
             return handed, row.ref
+    elif verdict.outcome == Outcome.DONE:
+        with transaction.atomic():
+            _pass_baseline(row, _open_newer_leases(row))
     return verdict, row.ref
 
 
-def hand_down(run, row, token):
+def _confirmed(lease_row):
+    """Did the lease's ``apply`` answer success? Rows that do not say were applied."""
+    return not (isinstance(lease_row.payload, dict) and lease_row.payload.get("confirmed") is False)
+
+
+def _open_newer_leases(row):
+    return list(
+        Resource.objects.select_for_update()
+        .filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED, id__gt=row.id)
+        .order_by("id")
+    )
+
+
+def _pass_baseline(row, newer_rows):
+    """Give ``row``'s baseline to ``newer_rows`` (locked by the caller's transaction)."""
+    baseline = row.payload["baseline"]
+    for newer in newer_rows:
+        payload = dict(newer.payload or {})
+        payload["baseline"] = baseline
+        Resource.objects.filter(pk=newer.pk).update(payload=payload, updated_at=timezone.now())
+
+
+def hand_down(run, row, token, confirmed_only):
     """Give this lease's baseline to the next newer unresolved lease on its target.
 
-    Answers None when there is no newer lease (this one must restore), `HANDED_DOWN`
-    once this row is resolved, or a verdict to write when the hand-down must wait.
+    With ``confirmed_only`` the next newer lease is the next one whose apply was
+    confirmed; the unconfirmed ones on the way receive the baseline too. Answers None
+    when there is no such lease (this one must restore), `HANDED_DOWN` once this row is
+    resolved, or a verdict to write when the hand-down must wait.
     """
     with transaction.atomic():
-        newer = (
-            Resource.objects.select_for_update()
-            .filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED, id__gt=row.id)
-            .order_by("id")
-            .first()
-        )
-        if newer is None:
+        newer_rows = _open_newer_leases(row)
+        heir = next((n for n in newer_rows if not confirmed_only or _confirmed(n)), None)
+        if heir is None:
             return None
-        if newer.state == ResourceState.REVERTING and newer.claim_expires_at > timezone.now():
+        if heir.state == ResourceState.REVERTING and heir.claim_expires_at > timezone.now():
             return Verdict.retry(
-                f"a newer lease on this target (row {newer.pk}) is being restored; try again after it"
+                f"a newer lease on this target (row {heir.pk}) is being restored; try again after it"
             )
-        baseline = row.payload["baseline"]
-        newer_payload = dict(newer.payload or {})
-        newer_payload["baseline"] = baseline
-        Resource.objects.filter(pk=newer.pk).update(payload=newer_payload, updated_at=timezone.now())
+        _pass_baseline(row, [n for n in newer_rows if n.pk <= heir.pk])
         resolved = Resource.objects.held_by(token).filter(pk=row.pk).update(
             state=ResourceState.REVERTED,
             claim_token=None,
@@ -282,7 +308,7 @@ def hand_down(run, row, token):
             updated_at=timezone.now(),
         )
         if not resolved:
-            # Our claim was taken over: leave the newer row as it was.
+            # Our claim was taken over: leave the newer rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")
         RunLog.write(
@@ -291,9 +317,9 @@ def hand_down(run, row, token):
             what=row.ref,
             outcome="handed_down",
             resources=[f"{row.kind}:{row.ref}"],
-            baseline=baseline,
-            to_resource=newer.pk,
-            to_run=newer.run_id,
+            baseline=row.payload["baseline"],
+            to_resource=heir.pk,
+            to_run=heir.run_id,
         )
     return HANDED_DOWN
 

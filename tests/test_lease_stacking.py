@@ -72,3 +72,89 @@ def test_drift_by_someone_else_is_still_surfaced_under_stacking():
     row = Resource.objects.get(run=third)
     assert row.state == "drifted"
     assert row.payload["baseline"] == 1, "the baseline to put back was lost in the hand-down"
+
+
+def unconfirmed(run, baseline, applied, target="camp"):
+    row = make_lease_row(run, target=target, baseline=baseline, applied=applied)
+    row.payload["confirmed"] = False
+    row.save(update_fields=["payload"])
+    return row
+
+
+def test_a_newer_lease_whose_apply_never_landed_does_not_hold_the_target():
+    lease = registry.register_lease(FakeLease(values={"camp": 2}))
+    older = make_run(name="boost to 2")
+    make_lease_row(older, baseline=1, applied=2)
+    newer = make_run(name="boost to 5, apply failed")
+    unconfirmed(newer, baseline=2, applied=5)
+
+    sweep()  # the older run is swept first
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}, "a drift was reported"
+
+
+def test_a_newer_lease_whose_apply_lands_after_the_older_restored_is_put_back_by_its_own_restore():
+    lease = registry.register_lease(FakeLease(values={"camp": 2}))
+    older = make_run(name="boost to 2")
+    make_lease_row(older, baseline=1, applied=2)
+    newer = make_run(status=RunStatus.RUNNING, name="boost to 5, apply on its way")
+    row = unconfirmed(newer, baseline=2, applied=5)
+
+    sweep()
+    assert lease.values["camp"] == 1
+    lease.values["camp"] = 5  # the apply lands now
+    row.refresh_from_db()
+    row.payload["confirmed"] = True
+    row.save(update_fields=["payload"])
+    end(newer)
+    sweep()
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
+
+
+def test_a_newer_unconfirmed_lease_that_did_land_takes_the_baseline_when_the_older_restore_drifts():
+    lease = registry.register_lease(FakeLease(values={"camp": 5}))  # it landed; nobody was told
+    older = make_run(name="boost to 2")
+    make_lease_row(older, baseline=1, applied=2)
+    newer = make_run(name="boost to 5, answer lost")
+    unconfirmed(newer, baseline=2, applied=5)
+
+    sweep()
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))), ids=str)
+def test_an_unconfirmed_lease_between_two_others_never_costs_the_original_value(order):
+    lease = registry.register_lease(FakeLease(values={"camp": 4}))
+    runs = [make_run(status=RunStatus.RUNNING, name=n) for n in ("to 2", "to 3 (never landed)", "to 4")]
+    make_lease_row(runs[0], baseline=1, applied=2)
+    unconfirmed(runs[1], baseline=2, applied=3)
+    make_lease_row(runs[2], baseline=2, applied=4)
+
+    for index in order:
+        end(runs[index])
+        sweep()
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
+
+
+def test_the_runner_confirms_a_lease_only_once_its_apply_answered():
+    from cleanup.runner import start_run, tick
+    from tests.fakes import Scripted
+
+    lease = registry.register_lease(FakeLease(values={"camp": 1}))
+    run = start_run("boost", [{"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 5}},
+                              {"action": "core.wait", "params": {"seconds": 3600}}])
+    tick()
+    assert Resource.objects.get(run=run).payload["confirmed"] is True
+
+    lease.apply = Scripted({"ok": False, "error": "spawner locked", "retry": False})
+    failed = start_run("boost 2", [{"action": "core.lease", "params": {"lease": "test.rate", "target": "camp",
+                                                                       "value": 9}}])
+    tick()
+    assert Resource.objects.get(run=failed).payload["confirmed"] is False
