@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from cleanup import registry
 from cleanup.models import UNRESOLVED, Resource, Run, RunStatus
 from cleanup.sweep import cleanup_run, sweep, waive
-from tests.fakes import FakeAction, make_rows, make_run, make_step
+from tests.fakes import FakeAction, FakeLease, make_lease_row, make_rows, make_run, make_step
 
 MAX_ATTEMPTS = 3
 
@@ -152,3 +152,94 @@ def test_the_engine_keeps_its_invariants_whatever_happens():
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     run_state_machine().runTest()
+
+
+class LeaseStackMachine(RuleBasedStateMachine):
+    """Rule 13 under any interleaving: runs lease one target, applies land or not (and
+    answers get lost), runs end in any order, restores fail now and then. Whenever no
+    lease on the target is unresolved, the target holds its original value."""
+
+    ORIGINAL = 1
+
+    @initialize()
+    def start(self):
+        Run.objects.all().delete()
+        registry.unregister_module("test")
+        self.lease = registry.register_lease(FakeLease(values={"camp": self.ORIGINAL}, restore=self.restore))
+        self.flaky = False
+        self.in_flight = {}  # row id -> value an apply still on its way will set
+
+    def restore(self, *, baseline, expected, run_id, target):
+        if self.flaky:
+            self.flaky = False
+            return {"ok": False, "error": "shard hiccup"}
+        current = self.lease.values[target]
+        if current == baseline:
+            return {"ok": True}
+        if current != expected:
+            return {"ok": False, "drifted": True, "current": current}
+        self.lease.values[target] = baseline
+        return {"ok": True}
+
+    @rule(value=st.integers(2, 9), outcome=st.sampled_from(["confirmed", "answer lost", "failed", "in flight"]))
+    def a_run_leases_the_target(self, value, outcome):
+        run = make_run(status=RunStatus.RUNNING)
+        row = make_lease_row(run, baseline=self.lease.values["camp"], applied=value)
+        if outcome in ("confirmed", "answer lost"):
+            self.lease.values["camp"] = value
+        if outcome == "in flight":
+            self.in_flight[row.pk] = value
+        if outcome != "confirmed":
+            row.payload["confirmed"] = False
+            row.save(update_fields=["payload"])
+            if outcome != "in flight":
+                Run.objects.filter(pk=run.pk).update(status=RunStatus.ABORTED)
+
+    @precondition(lambda self: bool(getattr(self, "in_flight", None)))
+    @rule(data=st.data(), confirmed=st.booleans())
+    def an_apply_on_its_way_lands(self, data, confirmed):
+        row_id = data.draw(st.sampled_from(sorted(self.in_flight)))
+        value = self.in_flight.pop(row_id)
+        row = Resource.objects.get(pk=row_id)
+        if row.state not in UNRESOLVED:
+            return  # its run was given back first; the call would be refused by key in a real module
+        self.lease.values["camp"] = value
+        if confirmed:
+            row.payload["confirmed"] = True
+            row.save(update_fields=["payload"])
+        else:
+            Run.objects.filter(pk=row.run_id).update(status=RunStatus.ABORTED)
+
+    @precondition(lambda self: Run.objects.filter(status=RunStatus.RUNNING).exists())
+    @rule(data=st.data())
+    def a_run_ends(self, data):
+        run = data.draw(st.sampled_from(list(Run.objects.filter(status=RunStatus.RUNNING).order_by("id"))))
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.COMPLETED)
+        self.in_flight = {k: v for k, v in self.in_flight.items() if Resource.objects.get(pk=k).run_id != run.pk}
+
+    @rule()
+    def the_shard_hiccups_once(self):
+        self.flaky = True
+
+    @rule()
+    def sweep_once(self):
+        sweep()
+
+    @invariant()
+    def with_no_lease_open_the_target_holds_its_original_value(self):
+        if not hasattr(self, "lease"):
+            return
+        assert not Resource.objects.filter(state="drifted").exists(), list(Resource.objects.values())
+        if not Resource.objects.filter(state__in=UNRESOLVED).exists() and not self.in_flight:
+            assert self.lease.values["camp"] == self.ORIGINAL, list(Resource.objects.values("id", "state", "payload"))
+
+
+@pytest.mark.django_db
+@override_settings(EVENT_REVERT_MAX_ATTEMPTS=100, EVENT_REVERT_BACKOFF_S=0)
+def test_stacked_leases_always_leave_the_original_value():
+    machine = LeaseStackMachine.TestCase
+    machine.settings = settings(
+        max_examples=40, stateful_step_count=25, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    machine().runTest()
