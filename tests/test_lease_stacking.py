@@ -158,3 +158,39 @@ def test_the_runner_confirms_a_lease_only_once_its_apply_answered():
                                                                        "value": 9}}])
     tick()
     assert Resource.objects.get(run=failed).payload["confirmed"] is False
+
+
+def test_an_apply_that_lands_late_over_a_newer_lease_is_still_put_back():
+    """Found by the stateful test: ledger order is not always the order applies land in."""
+    lease = registry.register_lease(FakeLease(values={"camp": 2}))
+    first = make_run(status=RunStatus.RUNNING, name="to 2")
+    make_lease_row(first, baseline=1, applied=2)
+    late = make_run(status=RunStatus.RUNNING, name="to 3, answer lost")
+    unconfirmed(late, baseline=2, applied=3)
+    newer = make_run(status=RunStatus.RUNNING, name="to 2 again")
+    make_lease_row(newer, baseline=2, applied=2)
+    lease.values["camp"] = 3  # the lost apply lands now, over the newer lease
+
+    for run in (late, newer, first):
+        end(run)
+        sweep()
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
+
+
+def test_a_restore_that_finds_an_older_open_leases_value_hands_down_to_it():
+    lease = registry.register_lease(FakeLease(values={"camp": 3}))
+    older = make_run(status=RunStatus.RUNNING, name="to 3, landed late")
+    unconfirmed(older, baseline=1, applied=3)
+    newer = make_run(status=RunStatus.RUNNING, name="to 2")
+    make_lease_row(newer, baseline=1, applied=2)
+
+    end(newer)
+    sweep()
+    assert lease.values["camp"] == 3, "the older lease's value was undone while it holds the target"
+    end(older)
+    sweep()
+
+    assert lease.values["camp"] == 1
+    assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
