@@ -2,6 +2,7 @@ import pytest
 from django.conf import settings
 
 from cleanup import registry
+from tests.fakes import FakeAction, Scripted, despawner, spawner
 
 
 def pytest_report_header(config):
@@ -20,3 +21,11 @@ def isolated_registry():
     registry._actions.update(actions)
     registry._leases.clear()
     registry._leases.update(leases)
+
+
+@pytest.fixture
+def world():
+    """`test.spawn` over an in-memory world: ref -> the key that made it."""
+    world = {}
+    registry.register_action(FakeAction(perform=Scripted(spawner(world)), revert=Scripted(despawner(world))))
+    return world

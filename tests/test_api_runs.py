@@ -4,17 +4,10 @@ import pytest
 
 from cleanup import registry
 from cleanup.models import Resource, Run, RunLog, RunStatus
-from tests.fakes import FakeAction, Scripted, despawner, log_kinds, make_rows, make_run, make_step, spawner, states
+from tests.fakes import log_kinds, make_rows, make_run, make_step, states
 from tests.test_api_access import API, api_as
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def world():
-    world = {}
-    registry.register_action(FakeAction(perform=Scripted(spawner(world)), revert=Scripted(despawner(world))))
-    return world
 
 
 @pytest.fixture

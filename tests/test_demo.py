@@ -2,20 +2,12 @@
 
 import os
 import re
-import signal
 import socket
-import subprocess
 import time
 
 import httpx
-import pytest
-from django.conf import settings
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.demo import Demo
 
 
 def pid_alive(pid):
@@ -43,40 +35,22 @@ def group_gone(pgid, seconds=10):
 
 
 def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
-    web, shard = free_port(), free_port()
-    env = {**os.environ, "DEMO_STORY": "0", "DEMO_WEB_PORT": str(web), "DEMO_SHARD_PORT": str(shard),
-           "EVENTSITE_VAR_DIR": str(tmp_path)}
-    env.pop("DATABASE_URL", None)
-    demo = subprocess.Popen(["make", "-s", "demo"], cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, pids = [], {}
+    demo = Demo(tmp_path, story=False)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = demo.stdout.readline()
-            assert line, "make demo ended before it was ready:\n" + "".join(lines)
-            lines.append(line)
-            started = re.search(r"started (\w+) \(pid (\d+)\)", line)
-            if started:
-                pids[started[1]] = int(started[2])
-            if "ready: admin" in line:
-                break
-        else:
-            pytest.fail("make demo was not ready within 120 s:\n" + "".join(lines))
-
+        ready = demo.read_until("ready: admin", 120)
+        pids = {m[0]: int(m[1]) for m in re.findall(r"started (\w+) \(pid (\d+)\)", "".join(demo.lines))}
         assert set(pids) == {"shard", "cluster", "web"}
-        login = httpx.get(f"http://127.0.0.1:{web}/admin/login/", timeout=5)
+        login = httpx.get(f"{demo.url}/admin/login/", timeout=5)
         assert login.status_code == 200 and "Django administration" in login.text
-        assert httpx.get(f"http://127.0.0.1:{shard}/health", timeout=5).status_code == 200
-        assert re.search(r"user demo\s+password \S{8,}", lines[-1]), lines[-1]
+        assert httpx.get(f"http://127.0.0.1:{demo.shard}/health", timeout=5).status_code == 200
+        assert re.search(r"user demo\s+password \S{8,}", ready), ready
     finally:
-        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        rest, _ = demo.communicate(timeout=60)
+        rest = demo.stop()
 
     assert "stopped cluster" in rest and "stopped web" in rest and "stopped shard" in rest
     for name, pid in pids.items():
         assert not pid_alive(pid), f"{name} is still running after Ctrl-C"
         assert group_gone(pid), f"a process {name} started (a worker) is still running after Ctrl-C"
-    for port in (web, shard):
+    for port in (demo.web, demo.shard):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers"

@@ -9,14 +9,11 @@ wolves back.
 import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 
 import pytest
-from django.conf import settings
 
-from tests.test_demo import free_port
+from tests.demo import Demo
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 
@@ -28,36 +25,20 @@ pytestmark = [
 
 @pytest.fixture
 def demo(tmp_path):
-    web, shard = free_port(), free_port()
-    env = {**os.environ, "DEMO_WEB_PORT": str(web), "DEMO_SHARD_PORT": str(shard), "EVENTSITE_VAR_DIR": str(tmp_path)}
-    env.pop("DATABASE_URL", None)
-    proc = subprocess.Popen(["make", "-s", "demo"], cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, password = [], None
+    demo = Demo(tmp_path, story=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "make demo ended early:\n" + "".join(lines)
-            lines.append(line)
-            ready = re.search(r"user demo\s+password (\S+)", line)
-            if ready:
-                password = ready[1]
-            if "the story is told" in line:
-                break
-        else:
-            pytest.fail("the demo's story did not end within 240 s:\n" + "".join(lines))
-        yield {"url": f"http://127.0.0.1:{web}", "password": password, "lines": lines, "var": tmp_path}
+        demo.read_until("the story is told", 240)
+        demo.password = re.search(r"user demo\s+password (\S+)", "".join(demo.lines))[1]
+        yield demo
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.communicate(timeout=60)
+        demo.stop()
 
 
 def test_a_person_sees_the_story_in_the_admin_and_retries_the_failed_cleanup(demo, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    url = demo["url"]
-    hunt = re.search(r"run (\d+) waits for a person", "".join(demo["lines"]))
+    url = demo.url
+    hunt = re.search(r"run (\d+) waits for a person", "".join(demo.lines))
     assert hunt, "the demo did not leave a run waiting for a person"
     hunt_id = hunt[1]
 
@@ -71,7 +52,7 @@ def test_a_person_sees_the_story_in_the_admin_and_retries_the_failed_cleanup(dem
         try:
             page.goto(f"{url}/admin/login/")
             page.fill("#id_username", "demo")
-            page.fill("#id_password", demo["password"])
+            page.fill("#id_password", demo.password)
             page.click("input[type=submit]")
             expect(page.locator("#site-name")).to_be_visible()
 

@@ -18,13 +18,6 @@ pytestmark = pytest.mark.django_db
 DOWN = {"ok": False, "error": "shard is down"}
 
 
-@pytest.fixture
-def world():
-    world = {}
-    registry.register_action(FakeAction(perform=Scripted(spawner(world)), revert=Scripted(despawner(world))))
-    return world
-
-
 def spawn(count=2, creature="orc"):
     return {"action": "test.spawn", "params": {"creature": creature, "count": count}}
 

@@ -12,13 +12,6 @@ from tests.fakes import FakeAction, Scripted, despawner, log_kinds, spawner
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def world():
-    world = {}
-    registry.register_action(FakeAction(perform=Scripted(spawner(world)), revert=Scripted(despawner(world))))
-    return world
-
-
 def started(world):
     run = start_run("festival", [
         {"action": "test.spawn", "params": {"count": 2}},
