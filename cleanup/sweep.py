@@ -24,6 +24,7 @@ from django.utils import timezone
 from . import calls, registry
 from .calls import Outcome, Verdict
 from .conf import claim_timeout_s, max_revert_attempts, setting
+from .leases import HANDED_DOWN, give_back_lease
 from .models import (
     LEASE_KIND,
     STEP_KIND,
@@ -41,11 +42,6 @@ logger = logging.getLogger(__name__)
 
 class CleanupRefused(Exception):
     """A cleanup that cannot be asked for, such as one of a run still in flight."""
-
-
-# What `give_back_lease` answers when the lease handed its baseline down (rule 13) and
-# its row is already resolved.
-HANDED_DOWN = object()
 
 
 @dataclass
@@ -212,152 +208,6 @@ def give_back_rows(run, rows):
         idempotency_key=key,
     )
     return calls.classify_revert(answer, action_id, refs=[r["ref"] for r in resources]), action_id
-
-
-def give_back_lease(run, row, token):
-    """Restore one lease, or hand its baseline down to the lease that holds its target.
-
-    Rule 13: while a newer lease on the target is unresolved, the value in force is that
-    lease's, so restoring this one would undo it. The older lease instead hands its
-    baseline to the next newer one and resolves; only the newest calls ``restore``, and
-    the last to end puts back the value from before the first began.
-
-    Applies do not always land in ledger order, or say that they landed: a lease is
-    ``confirmed: false`` until its apply answered success, and such a lease may hold the
-    target or not. It does not stop an older lease from restoring, but it receives the
-    baseline all the same; and a restore that finds the value of another open lease in
-    place hands down to that lease, whatever its place in the ledger.
-    """
-    lease, target = registry.lease_for_ref(row.ref)
-    if lease is None:
-        return Verdict.terminal(f'no module registers the lease "{row.ref}"'), row.ref
-    payload = row.payload if isinstance(row.payload, dict) else {}
-    if "baseline" not in payload or "applied" not in payload:
-        return Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref
-    handed = hand_down(run, row, token, _next_confirmed)
-    if handed is not None:
-        return handed, row.ref
-
-    def restore(expected):
-        answer = calls.call(
-            lease.restore,
-            budget_ms=calls.budget_under_claim(lease),
-            what=row.ref,
-            baseline=payload["baseline"],
-            expected=expected,
-            run_id=run.pk,
-            target=target,
-        )
-        return calls.classify_revert(answer, row.ref)
-
-    verdict = restore(payload["applied"])
-    if verdict.outcome == Outcome.DRIFTED:
-        # Another open lease's value is in place: it holds the target (it leased it
-        # between our look and our restore, or its apply landed late).
-        handed = hand_down(run, row, token, lambda _row, open_rows: _holder_of(open_rows, verdict.current))
-        if handed is not None:
-            return handed, row.ref
-        # An unconfirmed lease that handed its baseline to this one landed after all:
-        # its value is ours to put back.
-        if verdict.current in payload.get("also_expected", []):
-            verdict = restore(verdict.current)
-        else:
-            handed = hand_down(run, row, token, _next_newer)
-            if handed is not None:
-                return handed, row.ref
-    if verdict.outcome == Outcome.DONE:
-        with transaction.atomic():
-            _pass_baseline(row, [n for n in _open_leases(row) if n.pk > row.pk])
-    return verdict, row.ref
-
-
-def _confirmed(lease_row):
-    """Did the lease's ``apply`` answer success? Rows that do not say were applied."""
-    return not (isinstance(lease_row.payload, dict) and lease_row.payload.get("confirmed") is False)
-
-
-def _open_leases(row):
-    """The other unresolved leases on ``row``'s target, oldest first, locked."""
-    return list(
-        Resource.objects.select_for_update()
-        .filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED)
-        .exclude(pk=row.pk)
-        .order_by("id")
-    )
-
-
-def _next_confirmed(row, open_rows):
-    return next((n for n in open_rows if n.pk > row.pk and _confirmed(n)), None)
-
-
-def _next_newer(row, open_rows):
-    return next((n for n in open_rows if n.pk > row.pk), None)
-
-
-def _holder_of(open_rows, value):
-    held = [n for n in open_rows if isinstance(n.payload, dict) and n.payload.get("applied") == value]
-    return held[-1] if held else None
-
-
-def _pass_baseline(row, heirs):
-    """Give ``row``'s baseline to ``heirs`` (locked by the caller's transaction).
-
-    An unconfirmed ``row`` may have put its own value in place: its heirs may restore
-    over that value too (``also_expected``).
-    """
-    baseline = row.payload["baseline"]
-    carried = list(row.payload.get("also_expected", []))
-    if not _confirmed(row):
-        carried.append(row.payload["applied"])
-    for heir in heirs:
-        payload = dict(heir.payload or {})
-        payload["baseline"] = baseline
-        if carried:
-            payload["also_expected"] = [*payload.get("also_expected", []), *carried]
-        Resource.objects.filter(pk=heir.pk).update(payload=payload, updated_at=timezone.now())
-
-
-def hand_down(run, row, token, choose):
-    """Give this lease's baseline to the lease ``choose`` picks among the open ones.
-
-    ``choose(row, open_rows)`` answers the heir or None. The leases between this row and
-    a newer heir (unconfirmed ones, passed over) receive the baseline too.
-    Answers None when there is no heir (this one must restore), `HANDED_DOWN` once this
-    row is resolved, or a verdict to write when the hand-down must wait.
-    """
-    with transaction.atomic():
-        open_rows = _open_leases(row)
-        heir = choose(row, open_rows)
-        if heir is None:
-            return None
-        if heir.state == ResourceState.REVERTING and heir.claim_expires_at > timezone.now():
-            return Verdict.retry(
-                f"a newer lease on this target (row {heir.pk}) is being restored; try again after it"
-            )
-        _pass_baseline(row, [n for n in open_rows if row.pk < n.pk < heir.pk] + [heir])
-        resolved = Resource.objects.held_by(token).filter(pk=row.pk).update(
-            state=ResourceState.REVERTED,
-            claim_token=None,
-            claim_expires_at=None,
-            last_error="",
-            resolved_at=timezone.now(),
-            updated_at=timezone.now(),
-        )
-        if not resolved:
-            # Our claim was taken over: leave the other rows as they were.
-            transaction.set_rollback(True)
-            return Verdict.retry("the claim on this lease expired before it could be handed down")
-        RunLog.write(
-            run.pk,
-            "cleanup.reverted",
-            what=row.ref,
-            outcome="handed_down",
-            resources=[f"{row.kind}:{row.ref}"],
-            baseline=row.payload["baseline"],
-            to_resource=heir.pk,
-            to_run=heir.run_id,
-        )
-    return HANDED_DOWN
 
 
 def apply_verdict(run, rows, token, verdict, what, summary):
