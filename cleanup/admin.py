@@ -3,8 +3,10 @@
 Everything is read-only here except through the actions, which call the engine.
 """
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from .models import UNRESOLVED, Resource, Run, RunLog, Step
@@ -41,6 +43,17 @@ class RunLogInline(ReadOnlyInline):
     fields = ["at", "kind", "detail"]
     readonly_fields = fields
     show_change_link = False
+
+
+class WaiveForm(forms.Form):
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3}),
+                             help_text="Why these rows need not be given back.")
+
+    def clean_reason(self):
+        reason = self.cleaned_data["reason"]
+        if "\x00" in reason:
+            raise forms.ValidationError("A reason may not contain a NUL character.")
+        return reason
 
 
 def _actor(request):
@@ -157,8 +170,15 @@ class ResourceAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["cleanup_run"], description="Waive: resolve by hand, nothing is given back")
     def waive_rows(self, request, queryset):
-        count = waive(list(queryset), "resolved by hand in the admin", _actor(request))
-        self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
+        """Asks for the reason first (an intermediate page), then waives."""
+        form = WaiveForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            count = waive(list(queryset), form.cleaned_data["reason"], _actor(request))
+            self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
+            return None
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "rows": queryset,
+                   "form": form, "title": "Waive ledger rows"}
+        return TemplateResponse(request, "admin/cleanup/resource/waive.html", context)
 
 
 @admin.register(RunLog)

@@ -53,17 +53,27 @@ def test_the_actions_need_the_cleanup_permission(client, failed_run):
     assert b"clean_up" not in page.content
     client.post(reverse("admin:cleanup_run_changelist"), {"action": "clean_up", "_selected_action": [failed_run.pk]})
     client.post(reverse("admin:cleanup_resource_changelist"),
-                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True))})
+                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True)),
+                 "apply": "1", "reason": "no"})
     assert states(failed_run) == {"orc-1": "failed"}
 
 
-def test_waive_resolves_by_hand_and_logs_who(client, failed_run):
+def test_waive_asks_for_a_reason_then_resolves_by_hand_and_logs_who_and_why(client, failed_run):
     client.force_login(staff("view_resource", "change_resource", "cleanup_run"))
-    client.post(reverse("admin:cleanup_resource_changelist"),
-                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True))})
+    selected = list(Resource.objects.values_list("pk", flat=True))
+    url = reverse("admin:cleanup_resource_changelist")
+
+    asked = client.post(url, {"action": "waive_rows", "_selected_action": selected})
+    assert asked.status_code == 200 and b'name="reason"' in asked.content
+    assert states(failed_run) == {"orc-1": "failed"}, "waived before a reason was given"
+    blank = client.post(url, {"action": "waive_rows", "_selected_action": selected, "apply": "1", "reason": "  "})
+    assert b"errorlist" in blank.content and states(failed_run) == {"orc-1": "failed"}
+    client.post(url, {"action": "waive_rows", "_selected_action": selected, "apply": "1",
+                      "reason": "the orc became a quest giver"})
+
     assert states(failed_run) == {"orc-1": "waived"}
     waived = failed_run.log.get(kind="resource.waived")
-    assert waived.detail["by"] == "staffer"
+    assert (waived.detail["by"], waived.detail["reason"]) == ("staffer", "the orc became a quest giver")
     failed_run.refresh_from_db()
     assert failed_run.cleanup_status == "complete"
 
