@@ -112,30 +112,37 @@ def reconcile_module(name, restarted=False):
 
 
 def _orphan(name, action_id, rows):
+    """Mark the rows that are still live ``orphaned``, and log each; answers how many.
+
+    The rows are locked first, so the log names exactly the rows that changed: one the
+    sweep claimed meanwhile is not live any more and is not orphaned.
+    """
     if not rows:
         return 0
     now = timezone.now()
-    orphaned = 0
     with transaction.atomic():
-        for row in rows:
-            # One row at a time so the log names exactly the rows that changed: a row the
-            # sweep claimed meanwhile is not live any more and is not orphaned.
-            if Resource.objects.filter(pk=row.pk, state=ResourceState.LIVE).update(
-                state=ResourceState.ORPHANED,
-                last_error="the module reports this is no longer in the world",
-                resolved_at=now,
-                updated_at=now,
-            ):
-                orphaned += 1
-                RunLog.write(
-                    row.run_id,
-                    "resource.orphaned",
-                    module=name,
-                    action=action_id,
-                    resource=f"{row.kind}:{row.ref}",
-                    resource_id=row.pk,
-                )
-    return orphaned
+        still_live = list(
+            Resource.objects.select_for_update()
+            .filter(pk__in=[r.pk for r in rows], state=ResourceState.LIVE)
+            .order_by("id")
+        )
+        Resource.objects.filter(pk__in=[r.pk for r in still_live]).update(
+            state=ResourceState.ORPHANED,
+            last_error="the module reports this is no longer in the world",
+            resolved_at=now,
+            updated_at=now,
+        )
+        RunLog.objects.bulk_create(
+            RunLog(
+                run_id=row.run_id,
+                kind="resource.orphaned",
+                at=now,
+                detail={"module": name, "action": action_id, "resource": f"{row.kind}:{row.ref}",
+                        "resource_id": row.pk},
+            )
+            for row in still_live
+        )
+    return len(still_live)
 
 
 def _recent_reverts(name, since):

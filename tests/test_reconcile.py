@@ -107,3 +107,19 @@ def test_it_does_not_orphan_a_row_the_sweep_claimed_while_the_module_answered():
 def test_an_unknown_module_is_refused():
     with pytest.raises(UnknownModule, match='"nope"'):
         reconcile_module("nope")
+
+
+def test_the_queries_of_a_reconcile_do_not_grow_with_the_rows_of_a_group():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    registry.register_action(FakeAction(reconcile=Scripted({"ok": True, "in_force": []})))
+
+    def queries_for(count):
+        Resource.objects.all().delete()
+        make_rows(make_step(make_run()), [f"orc-{i}" for i in range(count)])
+        with CaptureQueriesContext(connection) as captured:
+            assert reconcile_module("test").orphaned == count
+        return len(captured)
+
+    assert queries_for(2) == queries_for(50)
