@@ -454,26 +454,28 @@ def waive(rows, reason, actor):
     waivable = Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)) | Q(
         state=ResourceState.REVERTING, claim_expires_at__lt=now
     )
-    waived = []
+    reason = reason.strip()
     with transaction.atomic():
-        for row in Resource.objects.filter(pk__in=[r.pk for r in rows]).filter(waivable).order_by("id"):
-            if Resource.objects.filter(pk=row.pk).filter(waivable).update(
-                state=ResourceState.WAIVED,
-                last_error=f"waived by {actor}: {reason.strip()}",
-                claim_token=None,
-                claim_expires_at=None,
-                resolved_at=now,
-                updated_at=now,
-            ):
-                waived.append(row)
-                RunLog.write(
-                    row.run_id,
-                    "resource.waived",
-                    resource=f"{row.kind}:{row.ref}",
-                    resource_id=row.pk,
-                    reason=reason.strip(),
-                    by=actor,
-                )
+        waived = list(
+            Resource.objects.select_for_update().filter(pk__in=[r.pk for r in rows]).filter(waivable).order_by("id")
+        )
+        Resource.objects.filter(pk__in=[r.pk for r in waived]).update(
+            state=ResourceState.WAIVED,
+            last_error=f"waived by {actor}: {reason}",
+            claim_token=None,
+            claim_expires_at=None,
+            resolved_at=now,
+            updated_at=now,
+        )
+        RunLog.objects.bulk_create(
+            RunLog(
+                run_id=row.run_id,
+                kind="resource.waived",
+                at=now,
+                detail={"resource": f"{row.kind}:{row.ref}", "resource_id": row.pk, "reason": reason, "by": actor},
+            )
+            for row in waived
+        )
     for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
         refresh_cleanup_status(run)
     return len(waived)
