@@ -6,7 +6,7 @@ the filter says which state the row must still be in, and the row count says who
 
 from datetime import timedelta
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -159,6 +159,26 @@ class ResourceQuerySet(models.QuerySet):
             revert_attempts=F("revert_attempts") + 1,
             updated_at=now,
         )
+
+    def resolve_logged(self, condition, state, error, log_kind, **detail):
+        """Resolve the rows of this queryset that still match ``condition``, and log each.
+
+        The rows are locked first, so the log names exactly the rows that changed (one a
+        sweeper claimed meanwhile no longer matches). Answers the rows resolved.
+        """
+        now = timezone.now()
+        with transaction.atomic():
+            rows = list(self.select_for_update().filter(condition).order_by("id"))
+            Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
+                state=state, last_error=error, claim_token=None, claim_expires_at=None,
+                resolved_at=now, updated_at=now,
+            )
+            RunLog.objects.bulk_create(
+                RunLog(run_id=row.run_id, kind=log_kind, at=now,
+                       detail={**detail, "resource": f"{row.kind}:{row.ref}", "resource_id": row.pk})
+                for row in rows
+            )
+        return rows
 
     def held_by(self, token):
         return self.filter(state=ResourceState.REVERTING, claim_token=token)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import calls, registry
@@ -114,35 +115,17 @@ def reconcile_module(name, restarted=False):
 def _orphan(name, action_id, rows):
     """Mark the rows that are still live ``orphaned``, and log each; answers how many.
 
-    The rows are locked first, so the log names exactly the rows that changed: one the
-    sweep claimed meanwhile is not live any more and is not orphaned.
+    A row the sweep claimed meanwhile is not live any more and is not orphaned.
     """
-    if not rows:
-        return 0
-    now = timezone.now()
-    with transaction.atomic():
-        still_live = list(
-            Resource.objects.select_for_update()
-            .filter(pk__in=[r.pk for r in rows], state=ResourceState.LIVE)
-            .order_by("id")
-        )
-        Resource.objects.filter(pk__in=[r.pk for r in still_live]).update(
-            state=ResourceState.ORPHANED,
-            last_error="the module reports this is no longer in the world",
-            resolved_at=now,
-            updated_at=now,
-        )
-        RunLog.objects.bulk_create(
-            RunLog(
-                run_id=row.run_id,
-                kind="resource.orphaned",
-                at=now,
-                detail={"module": name, "action": action_id, "resource": f"{row.kind}:{row.ref}",
-                        "resource_id": row.pk},
-            )
-            for row in still_live
-        )
-    return len(still_live)
+    orphaned = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
+        Q(state=ResourceState.LIVE),
+        ResourceState.ORPHANED,
+        "the module reports this is no longer in the world",
+        "resource.orphaned",
+        module=name,
+        action=action_id,
+    )
+    return len(orphaned)
 
 
 def _recent_reverts(name, since):

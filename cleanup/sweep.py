@@ -455,27 +455,9 @@ def waive(rows, reason, actor):
         state=ResourceState.REVERTING, claim_expires_at__lt=now
     )
     reason = reason.strip()
-    with transaction.atomic():
-        waived = list(
-            Resource.objects.select_for_update().filter(pk__in=[r.pk for r in rows]).filter(waivable).order_by("id")
-        )
-        Resource.objects.filter(pk__in=[r.pk for r in waived]).update(
-            state=ResourceState.WAIVED,
-            last_error=f"waived by {actor}: {reason}",
-            claim_token=None,
-            claim_expires_at=None,
-            resolved_at=now,
-            updated_at=now,
-        )
-        RunLog.objects.bulk_create(
-            RunLog(
-                run_id=row.run_id,
-                kind="resource.waived",
-                at=now,
-                detail={"resource": f"{row.kind}:{row.ref}", "resource_id": row.pk, "reason": reason, "by": actor},
-            )
-            for row in waived
-        )
+    waived = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
+        waivable, ResourceState.WAIVED, f"waived by {actor}: {reason}", "resource.waived", reason=reason, by=actor
+    )
     for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
         refresh_cleanup_status(run)
     return len(waived)
