@@ -19,6 +19,10 @@ BOUNDS = {
     "EVENT_RUN_BATCH": (10, 1, 10_000),
     "EVENT_RECONCILE_LOOKBACK_S": (3600, 0, 30 * 86_400),
     "EVENT_TICK_BUDGET_S": (300, 1, 86_400),
+    "EVENT_OUTAGE_AFTER": (3, 1, 1_000),
+    "EVENT_OUTAGE_PROBE_S": (15, 1, 3_600),
+    "EVENT_OUTAGE_GIVE_UP_S": (3_600, 1, 30 * 86_400),
+    "EVENT_OUTAGE_SPREAD_S": (5, 0, 600),
 }
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may

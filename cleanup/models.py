@@ -354,3 +354,68 @@ class RunLog(models.Model):
     @classmethod
     def write(cls, run_id, kind, **detail):
         return cls.objects.create(run_id=run_id, kind=kind, detail=detail)
+
+
+class ModuleState(models.TextChoices):
+    UP = "up", "up"
+    DOWN = "down", "down"
+
+
+class ModuleHealthQuerySet(models.QuerySet):
+    def down(self):
+        return self.filter(state=ModuleState.DOWN)
+
+
+class ModuleHealth(models.Model):
+    """Whether a module's backend answers, shared by every sweeper and ticker.
+
+    A module with no row has never failed and counts as up. Transitions are conditional
+    UPDATEs in `cleanup.outages`; the row count says which worker made one, and only
+    that worker logs it.
+    """
+
+    module = models.CharField(max_length=100, unique=True)
+    state = models.CharField(max_length=8, choices=ModuleState.choices, default=ModuleState.UP)
+    # Answers in a row that blamed the backend (no answer in time, refused, `unavailable`).
+    failures_in_row = models.PositiveIntegerField(default=0)
+    # When the current run of such answers began: answers since then are forgiven if
+    # they end in the module being marked down.
+    streak_started_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    down_since = models.DateTimeField(null=True, blank=True)
+    next_probe_at = models.DateTimeField(null=True, blank=True)
+    # Set once an outage has lasted past EVENT_OUTAGE_GIVE_UP_S and its work was given up.
+    gave_up_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = ModuleHealthQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["module"]
+        verbose_name_plural = "module health"
+
+    def __str__(self):
+        return f"{self.module}: {self.state}"
+
+    def waiting_text(self):
+        """What a person is shown for work that waits on this module."""
+        since = timezone.localtime(self.down_since).strftime("%H:%M:%S") if self.down_since else "?"
+        reason = f" ({self.last_error})" if self.last_error else ""
+        return f"waiting: {self.module} is down since {since}{reason}"
+
+
+class ModuleEvent(models.Model):
+    """The modules' log: a module marked down or up, by the engine or by a person."""
+
+    module = models.CharField(max_length=100)
+    kind = models.CharField(max_length=32)  # module.down, module.up, module.gave_up
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["module", "-at"], name="module_event_idx")]
+
+    def __str__(self):
+        return f"{self.module} {self.kind}"

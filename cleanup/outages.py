@@ -1,0 +1,281 @@
+"""A module's backend is down: its work waits, and spends no attempts, until it answers.
+
+Attempts exist to stop a row that cannot be given back from being tried for ever, not to
+count the minutes a shard spent restarting. So the engine tells an answer that blames the
+backend (no answer within the budget, a backend that could not be reached, an envelope
+with ``"unavailable": true``) from an answer about the row, and counts the former per
+module, across rows and runs. ``EVENT_OUTAGE_AFTER`` of them in a row mark the module
+down; its rows and steps are then not attempted, and the answers that led to it are
+forgiven (their attempts are given back to the rows).
+
+While a module is down, one probe at a time is let through at most every
+``EVENT_OUTAGE_PROBE_S``: the module's ``health()`` when one of its actions or leases has
+it, else one ordinary call (a canary). Any answer that does not blame the backend marks
+the module up, and its waiting rows are spread over ``EVENT_OUTAGE_SPREAD_S`` seconds so a
+recovering shard is not hit by all of them at once. An outage longer than
+``EVENT_OUTAGE_GIVE_UP_S`` ends the wait: the caller fails the waiting work with the
+reason, and nothing waits silently for ever.
+
+The state lives in `ModuleHealth`, so every sweeper and ticker shares it; every change is
+a conditional UPDATE, and only the worker whose UPDATE changed the row logs the change.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Mod
+from django.utils import timezone
+
+from . import calls, registry
+from .conf import setting
+from .models import CLAIMABLE, Attempt, ModuleEvent, ModuleHealth, ModuleState, Resource
+
+logger = logging.getLogger(__name__)
+
+# The outcome an attempt is recorded with when its answer blamed the backend.
+UNAVAILABLE = "unavailable"
+SPREAD_BUCKETS = 10
+
+
+def blame(answer):
+    """Why ``answer`` (a `calls.Answer`) blames the module's backend, or None.
+
+    None means the backend answered: a success, or a failure about the row itself.
+    """
+    if answer.timed_out:
+        return answer.exception or "no answer within the budget"
+    if getattr(answer, "unreachable", False):
+        return answer.exception or "the backend could not be reached"
+    raw = answer.raw
+    if isinstance(raw, dict) and raw.get("ok") is not True and raw.get("unavailable") is True:
+        error = raw.get("error")
+        return error.strip() if isinstance(error, str) and error.strip() else "the backend is unavailable"
+    return None
+
+
+def _health(module):
+    """The module's row, made on first need (two workers racing make one)."""
+    try:
+        with transaction.atomic():
+            return ModuleHealth.objects.get_or_create(module=module)[0]
+    except IntegrityError:
+        return ModuleHealth.objects.get(module=module)
+
+
+def record(module, reason, *, now=None):
+    """Count one answer from ``module``; ``reason`` is what `blame` said of it.
+
+    Answers True when this answer marked the module down. An answer that does not blame
+    the backend ends a run of failures, and marks a down module up: it answered.
+    """
+    now = now or timezone.now()
+    if reason is None:
+        ModuleHealth.objects.filter(module=module, failures_in_row__gt=0).update(
+            failures_in_row=0, streak_started_at=None, updated_at=now
+        )
+        if ModuleHealth.objects.filter(module=module, state=ModuleState.DOWN).exists():
+            mark_up(module, by="engine", now=now)
+        return False
+    _health(module)
+    ModuleHealth.objects.filter(module=module, failures_in_row=0).update(streak_started_at=now)
+    ModuleHealth.objects.filter(module=module).update(
+        failures_in_row=F("failures_in_row") + 1, last_error=reason[:2000], updated_at=now
+    )
+    return _mark_down_after_streak(module, now)
+
+
+def _mark_down_after_streak(module, now):
+    with transaction.atomic():
+        marked = ModuleHealth.objects.filter(
+            module=module, state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER")
+        ).update(
+            state=ModuleState.DOWN, down_since=now, gave_up_at=None, changed_by="engine",
+            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), updated_at=now,
+        )
+        if not marked:
+            return False
+        health = ModuleHealth.objects.get(module=module)
+        forgiven = forgive_streak(health)
+        _log(module, "module.down", now, by="engine", error=health.last_error,
+             failures=health.failures_in_row, forgiven=forgiven)
+    logger.warning("module %s marked down: %s", module, health.last_error)
+    return True
+
+
+def forgive_streak(health):
+    """Give back the attempts that the answers leading to an outage spent.
+
+    Those answers blamed the backend: the rows were not at fault. Only rows no sweeper
+    holds now are changed, each by the number of its attempts the streak spent.
+    """
+    if health.streak_started_at is None:
+        return 0
+    spent = (
+        Attempt.objects.filter(
+            resource=OuterRef("pk"), outcome=UNAVAILABLE, at__gte=health.streak_started_at
+        )
+        .values("resource")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    rows = Resource.objects.filter(
+        module=health.module, state__in=CLAIMABLE, retryable=True, revert_attempts__gt=0,
+        attempts__outcome=UNAVAILABLE, attempts__at__gte=health.streak_started_at,
+    ).distinct()
+    ids = list(rows.values_list("id", flat=True))
+    if not ids:
+        return 0
+    return Resource.objects.filter(pk__in=ids, state__in=CLAIMABLE).update(
+        revert_attempts=F("revert_attempts") - Subquery(spent), next_attempt_at=None
+    )
+
+
+def mark_down(module, *, by, reason="", now=None):
+    """A person marks ``module`` down; answers whether it changed."""
+    now = now or timezone.now()
+    _health(module)
+    with transaction.atomic():
+        marked = ModuleHealth.objects.filter(module=module, state=ModuleState.UP).update(
+            state=ModuleState.DOWN, down_since=now, gave_up_at=None, changed_by=by,
+            last_error=reason or f"marked down by {by}",
+            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), updated_at=now,
+        )
+        if marked:
+            _log(module, "module.down", now, by=by, error=reason or f"marked down by {by}")
+    return bool(marked)
+
+
+def mark_up(module, *, by, now=None):
+    """Mark ``module`` up (a person, or an answer that proved it); answers whether it changed.
+
+    Its waiting rows resume at once, spread over ``EVENT_OUTAGE_SPREAD_S``.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        health = ModuleHealth.objects.select_for_update().filter(module=module, state=ModuleState.DOWN).first()
+        if health is None:
+            return False
+        ModuleHealth.objects.filter(pk=health.pk).update(
+            state=ModuleState.UP, failures_in_row=0, streak_started_at=None, next_probe_at=None,
+            changed_by=by, updated_at=now,
+        )
+        down_for = (now - health.down_since).total_seconds() if health.down_since else None
+        _log(module, "module.up", now, by=by, down_for_s=down_for, last_error=health.last_error)
+    spread_waiting(module, now)
+    logger.warning("module %s marked up by %s", module, by)
+    return True
+
+
+def spread_waiting(module, now):
+    """Let ``module``'s waiting rows be claimed from now on, a bucket at a time.
+
+    Rows whose own backoff ends later keep it.
+    """
+    spread = setting("EVENT_OUTAGE_SPREAD_S")
+    waiting = Resource.objects.filter(module=module, state__in=CLAIMABLE, retryable=True)
+    moved = 0
+    for bucket in range(SPREAD_BUCKETS):
+        at = now + timedelta(seconds=spread * bucket / SPREAD_BUCKETS)
+        moved += (
+            waiting.alias(bucket=Mod("id", SPREAD_BUCKETS))
+            .filter(bucket=bucket)
+            .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at))
+            .update(next_attempt_at=at)
+        )
+    return moved
+
+
+def down_modules():
+    """The names of the modules that are down now: their work is not attempted."""
+    return set(ModuleHealth.objects.down().values_list("module", flat=True))
+
+
+def waiting_reasons(modules):
+    """``{module: "waiting: … is down since …"}`` for those of ``modules`` that are down."""
+    return {h.module: h.waiting_text() for h in ModuleHealth.objects.down().filter(module__in=set(modules))}
+
+
+def take_probe(module, now=None):
+    """Claim the next probe of a down module; True for the one worker that may make it."""
+    now = now or timezone.now()
+    return bool(
+        ModuleHealth.objects.filter(module=module, state=ModuleState.DOWN, next_probe_at__lte=now).update(
+            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
+        )
+    )
+
+
+def health_check(module):
+    """The module's ``health()`` callable and its budget owner, or (None, None)."""
+    for entry in [*registry.actions().values(), *registry.leases().values()]:
+        if entry.module == module and callable(getattr(entry, "health", None)):
+            return entry.health, entry
+    return None, None
+
+
+def probe(module, now=None):
+    """Probe a down module whose probe is due, when this worker wins the claim.
+
+    Answers "up" (it answered: marked up), "down" (still down), "canary" (no
+    ``health()``: the caller may let one ordinary call through, whose answer is recorded
+    as any other), or None (not due, or another worker probes).
+    """
+    now = now or timezone.now()
+    if not take_probe(module, now):
+        return None
+    fn, entry = health_check(module)
+    if fn is None:
+        return "canary"
+    answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=f"{module}.health")
+    if isinstance(answer.raw, dict) and answer.raw.get("ok") is True:
+        mark_up(module, by="probe", now=timezone.now())
+        return "up"
+    reason = blame(answer) or answer.exception or _refusal(answer.raw, module)
+    ModuleHealth.objects.filter(module=module).update(last_error=reason[:2000])
+    return "down"
+
+
+def _refusal(raw, module):
+    error = raw.get("error") if isinstance(raw, dict) else None
+    if isinstance(error, str) and error.strip():
+        return error.strip()
+    return f"{module}.health answered without ok: true"
+
+
+def probe_due_modules(now=None):
+    """Probe every down module whose probe is due; answers the modules whose canary may go."""
+    now = now or timezone.now()
+    due = ModuleHealth.objects.down().filter(next_probe_at__lte=now).values_list("module", flat=True)
+    return {module for module in due if probe(module, now) == "canary"}
+
+
+def outages_past_give_up(now=None):
+    """Modules down longer than ``EVENT_OUTAGE_GIVE_UP_S`` whose work is not yet given up.
+
+    Each is answered once per outage (a conditional UPDATE), with its `ModuleHealth`,
+    so that the caller fails its waiting work with the reason.
+    """
+    now = now or timezone.now()
+    limit = now - timedelta(seconds=setting("EVENT_OUTAGE_GIVE_UP_S"))
+    given_up = []
+    for health in ModuleHealth.objects.down().filter(down_since__lt=limit, gave_up_at__isnull=True):
+        with transaction.atomic():
+            if ModuleHealth.objects.filter(pk=health.pk, gave_up_at__isnull=True).update(gave_up_at=now):
+                _log(health.module, "module.gave_up", now, by="engine", error=health.last_error,
+                     down_since=health.down_since.isoformat())
+                given_up.append(health)
+    return given_up
+
+
+def give_up_text(health):
+    minutes = round(setting("EVENT_OUTAGE_GIVE_UP_S") / 60)
+    return (
+        f"{health.module} was down for more than {minutes} min, so this was not given back"
+        f" (last error: {health.last_error or 'none'})"
+    )
+
+
+def _log(module, kind, now, **detail):
+    ModuleEvent.objects.create(module=module, kind=kind, at=now, detail=detail)
