@@ -69,6 +69,11 @@ def assert_retry(answer, *fragments):
         assert fragment in answer["error"]
 
 
+def assert_unavailable(answer, *fragments):
+    assert_retry(answer, *fragments)
+    assert answer.get("unavailable") is True, answer
+
+
 def assert_terminal(answer, *fragments):
     assert answer["ok"] is False and answer["retry"] is False, answer
     for fragment in fragments:
@@ -282,25 +287,25 @@ EVERY_CALL = {
 @pytest.mark.parametrize("name", EVERY_CALL)
 def test_a_shard_that_refuses_connections_is_worth_a_retry(sandbox, name):
     sandbox.post("/faults", json={"down": "refuse"})
-    assert_retry(EVERY_CALL[name](), "could not be reached")
+    assert_unavailable(EVERY_CALL[name](), "could not be reached")
 
 
 @pytest.mark.parametrize("name", EVERY_CALL)
 def test_a_shard_answering_503_is_worth_a_retry_with_its_message(sandbox, name):
     sandbox.post("/faults", json={"down": "503"})
-    assert_retry(EVERY_CALL[name](), "the shard is down")
+    assert_unavailable(EVERY_CALL[name](), "the shard is down")
 
 
 @pytest.mark.parametrize("name", EVERY_CALL)
 def test_a_shard_slower_than_the_timeout_is_worth_a_retry(sandbox, name):
     sandbox.post("/faults", json={"latency_ms": 300})
     with override_settings(SANDBOX_SHARD_TIMEOUT_MS=100):
-        assert_retry(EVERY_CALL[name](), "did not answer", "within 100 ms")
+        assert_unavailable(EVERY_CALL[name](), "did not answer", "within 100 ms")
 
 
 def test_injected_errors_are_worth_a_retry(sandbox):
     sandbox.post("/faults", json={"error_rate": 1.0})
-    assert_retry(perform(), "injected")
+    assert_unavailable(perform(), "injected")
 
 
 def test_a_spawn_that_timed_out_but_landed_is_not_spawned_twice_on_retry(sandbox):
@@ -327,7 +332,7 @@ def test_a_shard_that_is_not_running_is_worth_a_retry():
         url = gone.url
     with override_settings(SANDBOX_SHARD_URL=url, SANDBOX_SHARD_TIMEOUT_MS=500):
         for call in EVERY_CALL.values():
-            assert_retry(call(), "could not be reached")
+            assert_unavailable(call(), "could not be reached")
 
 
 @pytest.mark.parametrize("url", ["", "ftp://127.0.0.1:7777", "http://"])
@@ -465,3 +470,19 @@ def test_a_failing_restart_report_does_not_fail_the_call(sandbox, restarted):
     sandbox.post("/restart")
     assert SPAWNER_RATE.read(target="orc-camp") == {"ok": True, "value": 1.0}
     restarted.assert_called_once_with("sandbox")
+
+
+def test_health_answers_ok_when_the_shard_answers_game_requests(sandbox):
+    assert SPAWN.health() == {"ok": True}
+
+
+@pytest.mark.parametrize("down", ["refuse", "503"])
+def test_health_says_the_shard_is_unavailable_when_it_is_down(sandbox, down):
+    sandbox.post("/faults", json={"down": down})
+    assert_unavailable(SPAWN.health())
+
+
+def test_a_refusal_about_the_request_does_not_blame_the_shard(sandbox):
+    answer = SPAWNER_RATE.read(target="bat-cave")
+    assert_terminal(answer, "bat-cave")
+    assert "unavailable" not in answer

@@ -27,6 +27,8 @@ BOOT_HEADER = "X-Boot-Id"
 DEFAULT_TIMEOUT_MS = 3_000
 # Statuses that say "not now" rather than "never": worth another try, like a 5xx.
 RETRYABLE_4XX = frozenset({408, 429})
+# Statuses that say the shard is out as a whole (a proxy in front of a dead one, or down).
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
 def shard_url():
@@ -60,9 +62,21 @@ class Reply:
             return False
         return not (400 <= self.status < 500) or self.status in RETRYABLE_4XX
 
+    @property
+    def unavailable(self):
+        """No answer at all, or a gateway or "down" status: the shard, not the request."""
+        return not self.terminal and (self.status == 0 or self.status in UNAVAILABLE_STATUSES)
+
     def failure(self):
-        """This reply as a failure envelope (call it only when ``ok`` is false)."""
-        return {"ok": False, "error": self.error or "the shard failed", "retry": self.retryable}
+        """This reply as a failure envelope (call it only when ``ok`` is false).
+
+        ``unavailable`` tells the engine the shard itself is out, so that the failure
+        counts towards the module's outage rather than against the row.
+        """
+        envelope = {"ok": False, "error": self.error or "the shard failed", "retry": self.retryable}
+        if self.unavailable:
+            envelope["unavailable"] = True
+        return envelope
 
 
 class BootWatch:

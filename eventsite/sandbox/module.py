@@ -119,6 +119,12 @@ class SpawnAction(registry.Action):
         _text(params, "at")
 
     @never_raises
+    def health(self):
+        """Does the shard answer game requests? The engine probes it while it is down."""
+        reply = shard.get("/spawners")
+        return {"ok": True} if reply.ok else reply.failure()
+
+    @never_raises
     def perform(self, *, run_id, step_id, params, idempotency_key):
         try:
             self.validate(params)
