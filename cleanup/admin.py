@@ -9,9 +9,11 @@ from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from .manual import request_cleanup, waive
 from .models import UNRESOLVED, Resource, Run, RunLog, Step
+from .plan import cleanup_plan
 from .runner import RunStateError, cancel_run
-from .sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
+from .sweep import CleanupRefused
 
 
 class ReadOnlyInline(admin.TabularInline):

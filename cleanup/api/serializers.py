@@ -87,7 +87,7 @@ class ResourceSerializer(serializers.ModelSerializer):
         model = Resource
         fields = ["id", "run", "step", "module", "kind", "ref", "member_key", "payload", "state",
                   "revert_attempts", "retryable", "last_error", "next_attempt_at", "resurrected_from",
-                  "created_at", "updated_at", "resolved_at"]
+                  "created_at", "updated_at", "resolved_at", "waived_reason", "waived_by", "waived_at"]
         read_only_fields = fields
 
 

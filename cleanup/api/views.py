@@ -13,10 +13,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunStatus
+from ..plan import cleanup_plan
 from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
-from ..sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
+from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import serializers as s
 from .permissions import StaffWithPermissions
