@@ -340,6 +340,12 @@ class RunAdmin(ReadOnlyAdmin):
             "max_attempts": max_attempts,
         }
 
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
+        if obj is None or not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists():
+            return False
+        return request.user.has_perm("cleanup.delete_run")
+
     def get_actions(self, request):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # deleting a run deletes its ledger
@@ -550,7 +556,7 @@ HISTORY_CAP = 200
 
 def history_table(row):
     """Every attempt on the row, newest first, read by row (an index on the attempt table)."""
-    attempts = list(row.attempts.all()[:HISTORY_CAP]) if hasattr(row, "attempts") else []
+    attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
     if not attempts:
         return "no attempt yet"
     body = format_html("".join(

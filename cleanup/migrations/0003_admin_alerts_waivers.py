@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0001_initial'),
+        ('cleanup', '0002_attempt'),
     ]
 
     operations = [
