@@ -96,14 +96,14 @@ def request_cleanups(runs, actor):
     return accepted, refused
 
 
-def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=time.sleep):
+def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=None):
     """One pass for each run, started ``gap_s`` apart; answers the runs passed."""
     from .sweep import cleanup_run
 
     done = 0
     for index, run in enumerate(Run.objects.filter(pk__in=run_ids).order_by("id")):
         if index:
-            sleep(gap_s)
+            (sleep or time.sleep)(gap_s)
         if run.is_terminal:
             cleanup_run(run, by=actor or "queue")
             done += 1

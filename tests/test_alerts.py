@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import time_machine
 from django.core import mail
-from django.test import override_settings
 from django.utils import timezone
 
 from cleanup import alerts, registry
