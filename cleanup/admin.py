@@ -39,6 +39,9 @@ from .plan import WAITING, cleanup_plan
 from .runner import RunStateError, cancel_run
 from .sweep import CleanupRefused
 
+# Lists need the width more than a second menu of the models the index already lists.
+admin.site.enable_nav_sidebar = False
+
 # How much of a run its page shows; the rest is one link away, in the filtered lists.
 PAGE_ROWS = 50
 PAGE_STEPS = 50
@@ -205,7 +208,7 @@ def _actor(request):
 
 
 def run_link(run_id, name=None):
-    label = f"#{run_id} {truncatechars(name, 28)}" if name else f"#{run_id}"
+    label = f"#{run_id} {truncatechars(name, 20)}" if name else f"#{run_id}"
     return format_html('<a href="{}">{}</a>', reverse("admin:cleanup_run_change", args=[run_id]), label)
 
 
@@ -448,7 +451,7 @@ class WaiveForm(forms.Form):
 
 @admin.register(Resource)
 class ResourceAdmin(ReadOnlyAdmin):
-    list_display = ["ref_short", "state", "attempt", "error", "run_name", "kind"]
+    list_display = ["ref_short", "state", "attempt", "error", "run_name"]
     list_display_links = ["ref_short"]
     list_filter = [NeedsFilter, "state", ModuleFilter, KindFilter, "run__cleanup_status"]
     search_fields = ["ref"]
@@ -477,7 +480,7 @@ class ResourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="ref", ordering="ref")
     def ref_short(self, obj):
-        return truncatechars(obj.ref, 36)
+        return truncatechars(obj.ref, 32)
 
     @admin.display(description="attempts")
     def attempt(self, obj):

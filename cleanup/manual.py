@@ -78,6 +78,7 @@ def request_cleanups(runs, actor):
     the one task works the runs in turn, ``RETRY_GAP_S`` apart (see `clean_in_turn`).
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
+    from .sweep import CleanupRefused
     from .tasks import queue_cleanup, queue_cleanups
 
     accepted, refused = [], []
@@ -85,7 +86,7 @@ def request_cleanups(runs, actor):
         try:
             run = Run.objects.get(pk=run.pk)
             check_cleanup(run)
-        except Exception as exc:  # CleanupRefused, or a run deleted meanwhile
+        except (CleanupRefused, Run.DoesNotExist) as exc:
             refused.append(str(exc))
             continue
         accepted.append((run, reset_for_person(run, actor)))

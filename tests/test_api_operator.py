@@ -95,3 +95,12 @@ def test_clean_in_turn_passes_each_ended_run_once():
     running = make_run(status=RunStatus.RUNNING)
     assert clean_in_turn([ended.pk, running.pk], "bob", sleep=lambda s: None) == 1
     assert states(ended) == {"orc-1": "reverted"}
+
+
+def test_the_command_refuses_a_persons_retry_of_a_run_that_owes_nothing():
+    from django.core.management import CommandError, call_command
+
+    run = make_run(status=RunStatus.COMPLETED, cleanup_status="complete")
+    with pytest.raises(CommandError, match="owes nothing"):
+        call_command("cleanup_run", str(run.pk), "--reset")
+    assert "cleanup.retry" not in log_kinds(run)

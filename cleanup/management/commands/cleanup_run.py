@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from cleanup.manual import check_cleanup
 from cleanup.models import Run
 from cleanup.sweep import CleanupRefused, cleanup_run
 
@@ -21,6 +22,8 @@ class Command(BaseCommand):
         if run is None:
             raise CommandError(f"there is no run {run_id}")
         try:
+            if reset:
+                check_cleanup(run)  # a person's retry of a run that owes nothing changes nothing
             summary = cleanup_run(run, reset=reset, actor=actor or "command", by="command")
         except CleanupRefused as exc:
             raise CommandError(str(exc)) from None
