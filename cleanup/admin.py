@@ -259,8 +259,8 @@ class RunAdmin(ReadOnlyAdmin):
     list_display_links = ["id", "name"]
     list_filter = ["status", "cleanup_status"]
     search_fields = ["name"]
-    fields = ["name", "status", "cleanup_status", "auto_cleanup", "wakes", "created", "ended"]
-    readonly_fields = fields
+    fields = [("name", "status", "cleanup_status"), ("auto_cleanup", "wakes", "created", "ended")]
+    readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wakes", "created", "ended"]
     actions = ["clean_up", "cancel_with_cleanup", "cancel_without_cleanup"]
     change_form_template = "admin/cleanup/run/change_form.html"
     ordering = ["-id"]

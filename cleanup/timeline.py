@@ -19,7 +19,7 @@ from .models import RESOLVED, STEP_KIND, CleanupStatus, Resource, RunLog, Step
 WIDTH, HEIGHT = 960, 250
 LEFT, RIGHT = 56, 16
 STEPS_Y, CHART_TOP, CHART_BOTTOM, CLEANUP_Y = 26, 48, 168, 190
-SLICES = 48
+SLICES = 32
 MARKERS = 300
 MARKED = {
     "cleanup.failed": ("failed attempt", "#ba2121"),

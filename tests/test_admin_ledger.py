@@ -50,7 +50,9 @@ def staffer(client):
 
 def field(page, name):
     """The shown value of a read-only field on an admin page."""
-    match = re.search(rf'field-{name}\b.*?<div class="readonly">(.*?)</div>', page, re.S)
+    # A field alone on its line is its row; one of several is a "fieldBox".
+    match = (re.search(rf'fieldBox field-{name}\b.*?<div class="readonly">(.*?)</div>', page, re.S)
+             or re.search(rf'form-row field-{name}".*?<div class="readonly">(.*?)</div>', page, re.S))
     assert match, f"no field {name} on the page"
     return match[1]
 

@@ -113,10 +113,10 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 page.goto(f"{url}/admin/cleanup/run/{hunt_id}/change/")
-                if "complete" in page.locator(".field-cleanup_status").inner_text().split():
+                if "complete" in page.locator(".fieldBox.field-cleanup_status").inner_text().split():
                     break
                 time.sleep(1)
-            expect(page.locator(".field-cleanup_status")).to_contain_text("complete")
+            expect(page.locator(".fieldBox.field-cleanup_status")).to_contain_text("complete")
             expect(page.locator("#rows h2")).not_to_contain_text("unresolved")
             expect(page.locator("#rows tbody")).to_contain_text("reverted")
             expect(page.locator("#log")).to_contain_text("cleanup.retry")
