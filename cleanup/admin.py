@@ -28,6 +28,7 @@ from .models import (
     CLAIMABLE,
     TERMINAL,
     UNRESOLVED,
+    Alert,
     Resource,
     ResourceState,
     Run,
@@ -621,3 +622,28 @@ class RunLogAdmin(ReadOnlyAdmin):
     @admin.display(description="detail")
     def detail_short(self, obj):
         return truncatechars(str(obj.detail), 120)
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    """The alerts outbox: what staff were told, by which channel, and what a failed send said."""
+
+    list_display = ["created", "run_name", "event", "channel", "sent", "attempts", "last_error"]
+    list_filter = ["event", "channel"]
+    list_select_related = ["run"]
+    ordering = ["-id"]
+    fields = ["run_name", "event", "channel", "created", "sent", "attempts", "next_attempt_at", "last_error",
+              "payload"]
+    readonly_fields = fields
+
+    @admin.display(description="created")
+    def created(self, obj):
+        return when(obj.created_at)
+
+    @admin.display(description="sent")
+    def sent(self, obj):
+        return when(obj.sent_at) if obj.sent_at else "not yet"
+
+    @admin.display(description="run")
+    def run_name(self, obj):
+        return run_link(obj.run_id, obj.run.name)

@@ -11,6 +11,7 @@ most its timeout, is recorded on the row and tried again later with a backoff.
 """
 
 import logging
+import time
 from datetime import timedelta
 
 import httpx
@@ -39,6 +40,8 @@ RECOVERED = "cleanup.recovered"
 # Bounds: runs told per call, messages sent per call, rows listed in one message.
 RUNS_PER_NOTICE = 50
 SENDS_PER_DELIVER = 20
+# A call to `deliver` starts no new send after this, so slow webhooks cost a task seconds, not minutes.
+DELIVER_BUDGET_S = 10
 ROWS_PER_MESSAGE = 50
 # A sender that died holding a message gives it up after this.
 CLAIM_S = 60
@@ -125,7 +128,10 @@ def deliver(limit=SENDS_PER_DELIVER):
     free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
     due = Alert.objects.filter(free, sent_at__isnull=True, next_attempt_at__lte=now)
     sent = 0
+    stop_at = time.monotonic() + DELIVER_BUDGET_S
     for alert_id in list(due.order_by("next_attempt_at", "id").values_list("id", flat=True)[:limit]):
+        if time.monotonic() > stop_at:
+            break  # the rest waits for the next call
         until = timezone.now() + timedelta(seconds=CLAIM_S)
         claimed = Alert.objects.filter(free, pk=alert_id, sent_at__isnull=True).update(
             claimed_until=until, attempts=F("attempts") + 1

@@ -237,3 +237,14 @@ def test_several_sweepers_tell_one_transition_once(settings):
     assert sorted(told) == [0, 0, 0, 1]
     assert log_kinds(run).count("cleanup.gave_up") == 1
     assert Alert.objects.count() == 1
+
+
+def test_staff_can_read_the_outbox_in_the_admin(client, giving_up, settings):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    settings.EVENT_ALERT_WEBHOOK_URL = dead_url()
+    sweep_task()
+    client.force_login(User.objects.create_superuser("root", password="pw-123456789"))
+    page = client.get(reverse("admin:cleanup_alert_changelist")).content.decode()
+    assert "cleanup.gave_up" in page and "not yet" in page and "ConnectError" in page
