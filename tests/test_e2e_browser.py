@@ -84,8 +84,8 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             assert "failed attempt" in page.locator("#timeline svg[role=img]").inner_html()
             assert page.locator("input[name=_save]").count() == 0, "the run page can be saved"
             shot(page, "2-run-gave-up")
-            top = {"x": 0, "y": 0, "width": WIDTH, "height": 1150}
-            page.screenshot(path=str(SHOTS / "run-gave-up-top.png"), clip=top)
+            top = {"x": 0, "y": 0, "width": WIDTH, "height": 1200}
+            page.screenshot(path=str(SHOTS / "run-gave-up-top.png"), clip=top, full_page=True)
 
             # A row's page: every attempt's error, newest first; no next attempt at the ceiling.
             page.locator("#rows tbody a").first.click()
