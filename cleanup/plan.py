@@ -80,15 +80,19 @@ def _next(first, entries, verb, newer):
 
 
 def _newer_leases(run, lease_rows):
-    """For each lease row, the next newer unresolved lease of another run on its target."""
+    """For each lease row, the newer unresolved lease of another run it would hand down to (rule 13).
+
+    As `cleanup.leases` chooses: the next newer lease whose apply was confirmed.
+    """
     if not lease_rows:
         return {}
-    others = (
-        Resource.objects.filter(kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED)
-        .exclude(run=run)
-        .order_by("id")
-        .values_list("id", "ref", "run_id")
-    )
+    others = [
+        (pk, ref, run_id)
+        for pk, ref, run_id, payload in Resource.objects.filter(
+            kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED
+        ).exclude(run=run).order_by("id").values_list("id", "ref", "run_id", "payload")
+        if not (isinstance(payload, dict) and payload.get("confirmed") is False)
+    ]
     heirs = {}
     for row in lease_rows:
         heir = next(((pk, run_id) for pk, ref, run_id in others if ref == row.ref and pk > row.pk), None)

@@ -104,3 +104,20 @@ def test_the_command_refuses_a_persons_retry_of_a_run_that_owes_nothing():
     with pytest.raises(CommandError, match="owes nothing"):
         call_command("cleanup_run", str(run.pk), "--reset")
     assert "cleanup.retry" not in log_kinds(run)
+
+
+@pytest.mark.parametrize("confirmed, expected", [(True, "hand down"), (False, "restore")])
+def test_the_plan_hands_a_lease_down_only_to_a_newer_confirmed_lease(api, confirmed, expected):
+    from tests.fakes import FakeLease
+
+    registry.register_lease(FakeLease())
+    older = make_run(status=RunStatus.COMPLETED, name="boost to 3")
+    newer = make_run(status=RunStatus.RUNNING, name="boost to 5")
+    make_lease_row(older, baseline=1, applied=3)
+    heir = make_lease_row(newer, baseline=3, applied=5)
+    if not confirmed:
+        Resource.objects.filter(pk=heir.pk).update(payload={**heir.payload, "confirmed": False})
+    group = api.get(f"{API}runs/{older.pk}/cleanup-plan/").json()["groups"][0]
+    assert group["next"] == expected
+    handed = group["rows"][0]["lease"]["hand_down_to"]
+    assert handed == ({"resource": heir.pk, "run": newer.pk} if confirmed else None)
