@@ -83,8 +83,8 @@ def test_the_api_shows_the_action_apart_from_the_payload():
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_moves_the_engines_action_out_of_existing_payloads():
     executor = MigrationExecutor(connection)
-    executor.migrate([("cleanup", "0001_initial")])
-    old = executor.loader.project_state([("cleanup", "0001_initial")]).apps
+    executor.migrate([("cleanup", "0002_attempt")])
+    old = executor.loader.project_state([("cleanup", "0002_attempt")]).apps
     Run, Step, Row = (old.get_model("cleanup", name) for name in ("Run", "Step", "Resource"))
     run = Run.objects.create(name="before", status="completed")
     step = Step.objects.create(run=run, position=0, action_id="test.spawn", idempotency_key="k1")

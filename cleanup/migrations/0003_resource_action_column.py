@@ -40,7 +40,7 @@ def put_action_back_into_payload(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cleanup", "0001_initial"),
+        ("cleanup", "0002_attempt"),
     ]
 
     operations = [
