@@ -56,10 +56,18 @@ def test_it_passes_the_sandbox_lease_and_puts_the_value_back(on_shard):
     assert on_shard.get("/spawners/orc-camp").json()["rate"] == before
 
 
-def test_it_passes_under_a_simulated_network_outage(on_shard):
-    report = testing.run_action_checks(kit.HonestSpawn(), PARAMS, outage=testing.network_down)
-    assert report.ok, report.lines()
-    assert any(c.name.startswith("with the backend down") and c.status == "ok" for c in report.checks)
+def test_it_refuses_the_network_for_the_outage_checks_by_default(on_shard):
+    for report in (testing.run_action_checks(kit.HonestSpawn(), PARAMS),
+                   testing.run_lease_checks(kit.HonestRate(), "orc-camp", 5)):
+        assert report.ok, report.lines()
+        assert any(c.name.startswith("with the backend down") and c.status == "ok" for c in report.checks)
+    assert on_shard.get("/health").status_code == 200, "the outage ended with the checks"
+
+
+def test_it_skips_the_outage_checks_when_told(on_shard):
+    report = testing.run_action_checks(kit.BlindReconcile(), PARAMS, outage=None)
+    assert failed(report) == {"reconcile of a malformed resource list answers a failure"}
+    assert "skip with the backend down, calls answer failures to retry: no outage given" in report.lines()
 
 
 def test_it_fails_a_revert_that_answers_ok_and_leaves_things_in_place(on_shard):

@@ -16,7 +16,8 @@ or from the module's own test suite::
 `run_action_checks` and `run_lease_checks` answer the `Report` instead. Every call goes
 through the engine's own call and classification code, and the checks give back what
 they made. ``outage`` is a context manager factory during which the backend cannot be
-reached (`network_down` refuses every socket of this process; a test can pass its own).
+reached: `network_down` by default (it refuses every socket of this process), a test's
+own (the sandbox shard's fault injection), or None to skip those checks.
 """
 
 from .. import registry
@@ -45,12 +46,12 @@ def _entry(entry, lookup, kind):
     return entry
 
 
-def check_action(action, params, outage=None):
+def check_action(action, params, outage=network_down):
     """Run every check of an action (an id or the object); raise if any failed."""
     return run_action_checks(_entry(action, registry.get_action, "action"), params, outage=outage).assert_ok()
 
 
-def check_lease(lease, target, value, other=None, outage=None):
+def check_lease(lease, target, value, other=None, outage=network_down):
     """Run every check of a lease (an id or the object) on ``target``; raise if any failed."""
     entry = _entry(lease, registry.get_lease, "lease")
     return run_lease_checks(entry, target, value, other=other, outage=outage).assert_ok()

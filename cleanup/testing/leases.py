@@ -9,6 +9,7 @@ import uuid
 from .. import calls
 from ..calls import Outcome
 from .actions import wrong_value
+from .outage import network_down
 from .report import Caller, Report, describe
 
 RUN_ID = 0
@@ -164,6 +165,6 @@ class LeaseChecks:
                           repr(reply.value) if reply.ok else reply.error)
 
 
-def run_lease_checks(lease, target, value, other=None, outage=None):
+def run_lease_checks(lease, target, value, other=None, outage=network_down):
     """Every check of ``lease`` on ``target`` with ``value``; answers a `Report`."""
     return LeaseChecks(lease, target, value, other, outage).run()
