@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0002_attempt'),
+        ('cleanup', '0003_resource_action_column'),
     ]
 
     operations = [
