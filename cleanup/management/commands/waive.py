@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup.models import Resource, Run
 from cleanup.manual import waive
+from cleanup.models import Resource, Run
 
 MAX_ID = 2**63 - 1  # the largest id the database holds
 
