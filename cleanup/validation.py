@@ -100,9 +100,9 @@ def _scalar_problem(item):
     return f"is not a JSON value ({type(item).__name__})"
 
 
-def check_json(value, field):
+def check_json(value, field, max_depth=MAX_DEPTH):
     """Raise `Invalid` when ``value`` cannot be stored as JSON; see `json_problem`."""
-    problem = json_problem(value, field)
+    problem = json_problem(value, field, max_depth)
     if problem:
         raise Invalid(dict([problem]))
     return value
@@ -160,15 +160,19 @@ def params_error(params):
     return None
 
 
-def parse_json(text, field):
-    """Parse JSON text from a command line or a form; `Invalid` names ``field`` when it cannot."""
+def parse_json(text, field="", max_depth=MAX_DEPTH):
+    """Parse JSON text from a request, a command line or a form, and `check_json` it.
+
+    `Invalid` names ``field`` (or ``body``) when the text is not JSON, and the path of the
+    first value that cannot be stored otherwise.
+    """
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise Invalid({field: f"nests deeper than {MAX_DEPTH} levels"}) from None
+        raise Invalid({field or "body": f"nests deeper than {max_depth} levels"}) from None
     except ValueError as exc:  # JSONDecodeError, NaN, and integers past 4,300 digits
-        raise Invalid({field: f"is not valid JSON: {exc}"}) from None
-    return check_json(value, field)
+        raise Invalid({field or "body": f"is not valid JSON: {exc}"}) from None
+    return check_json(value, field, max_depth)
 
 
 def _refuse_constant(name):
