@@ -82,7 +82,7 @@ def test_the_command_starts_a_run_and_refuses_bad_json():
                  stdout=out)
     run = Run.objects.get()
     assert out.getvalue().strip() == f"started run {run.pk} (raid) with 1 step(s)"
-    with pytest.raises(CommandError, match="--steps is not valid JSON"):
+    with pytest.raises(CommandError, match="--steps: is not valid JSON"):
         call_command("start_run", "--name", "raid", "--steps", "[{")
     with pytest.raises(CommandError, match=r"steps\[0\]\.action: no module registers the action 'zzz'"):
         call_command("start_run", "--name", "raid", "--steps", '[{"action": "zzz"}]')

@@ -1,20 +1,21 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from cleanup.management.base import EventCommand, object_id, plain_text
 from cleanup.models import Run
 from cleanup.sweep import CleanupRefused, cleanup_run
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Give back what one ended run still holds, now."
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", type=int)
+        parser.add_argument("run_id", type=object_id)
         parser.add_argument(
             "--reset",
             action="store_true",
             help="a person's retry: put every unresolved row back under the attempt ceiling",
         )
-        parser.add_argument("--actor", default=None, help="who asks (logged with --reset)")
+        parser.add_argument("--actor", default=None, type=plain_text, help="who asks (logged with --reset)")
 
     def handle(self, *args, run_id, reset=False, actor=None, **options):
         run = Run.objects.filter(pk=run_id).first()
