@@ -193,7 +193,7 @@ class RunCancelView(EventsAPI, APIView):
     tags=["runs"],
     summary="Clean up an ended run now (a person's retry: resets its attempts)",
     request=None,
-    responses={202: s.CleanupQueuedSerializer, **errors(404, 409)},
+    responses={202: s.CleanupQueuedSerializer, **errors(400, 404, 409)},
 )
 class RunCleanupView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
