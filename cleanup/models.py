@@ -145,6 +145,16 @@ class ResourceQuerySet(models.QuerySet):
             | Q(state=ResourceState.REVERTING)
         )
 
+    def waiting_for_backoff(self, now, max_attempts):
+        """Rows the sweep will try again, but not before their backoff has passed."""
+        return self.filter(
+            state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts, next_attempt_at__gt=now
+        )
+
+    def hurry(self, now, max_attempts):
+        """A person's "now": the waiting rows are claimable at once; their counters stay."""
+        return self.waiting_for_backoff(now, max_attempts).update(next_attempt_at=None, updated_at=now)
+
     def claim(self, ids, token, now, timeout_s, max_attempts):
         """Take the rows in `ids` that are still claimable; the count says how many.
 
@@ -211,6 +221,10 @@ class Resource(models.Model):
     kind = models.CharField(max_length=100)
     ref = models.CharField(max_length=500)
     member_key = models.CharField(max_length=200, blank=True, default="")
+    # The action that made the row, kept by the engine because a row outlives its step.
+    # Apart from the payload, which belongs to the module (a lease row's payload, with
+    # its baseline and applied value, is the engine's: no module sees it).
+    action = models.CharField(max_length=200, blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
     state = models.CharField(
         max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE
@@ -290,11 +304,10 @@ class Resource(models.Model):
 
     @property
     def action_id(self):
-        """The action that made this row: its step's, else the one its payload keeps."""
+        """The action that made this row: its step's, else the one the row keeps."""
         if self.step_id is not None and self.step is not None:
             return self.step.action_id
-        payload = self.payload if isinstance(self.payload, dict) else {}
-        return payload.get("action") or None
+        return self.action or None
 
 
 class Attempt(models.Model):

@@ -100,3 +100,14 @@ def test_an_unexpected_error_from_the_shell_is_one_line_unless_traceback_is_aske
     assert err == "RuntimeError: the shard went away (--traceback shows where)"
     with pytest.raises(RuntimeError):
         Broken().run_from_argv(["manage.py", "broken", "--traceback"])
+
+
+@pytest.mark.django_db
+def test_a_command_built_on_the_helper_turns_a_value_the_database_refuses_into_one_line():
+    from tests.fakes import make_rows, make_run, make_step
+
+    run = make_run()
+    make_rows(make_step(run), ["orc-1"], placeholder=False)
+    with pytest.raises(CommandError, match="NUL"):
+        call_command("waive", str(run.pk), "--reason", "gone\x00", "--actor", "dana")
+    assert not run.log.filter(kind="resource.waived").exists()
