@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0002_attempt'),
+        ('cleanup', '0004_admin_alerts_waivers'),
     ]
 
     operations = [
