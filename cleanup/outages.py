@@ -279,3 +279,46 @@ def give_up_text(health):
 
 def _log(module, kind, now, **detail):
     ModuleEvent.objects.create(module=module, kind=kind, at=now, detail=detail)
+
+
+def given_up(health, now):
+    """Has this outage lasted past ``EVENT_OUTAGE_GIVE_UP_S``? Then work stops waiting on it."""
+    return health.down_since is not None and health.down_since < now - timedelta(
+        seconds=setting("EVENT_OUTAGE_GIVE_UP_S")
+    )
+
+
+def outage_of(module, now=None):
+    """The `ModuleHealth` of ``module`` while its work waits on it, else None.
+
+    None when the module is up, unknown, or down for longer than the give-up bound.
+    """
+    if not module:
+        return None
+    health = ModuleHealth.objects.down().filter(module=module).first()
+    if health is None or given_up(health, now or timezone.now()):
+        return None
+    return health
+
+
+def hold(module, now=None):
+    """None when a call to ``module`` may be made now; else when to look again.
+
+    A down module is probed here when its probe is due: a probe that finds it up, or a
+    canary this caller may make, lets the call through.
+    """
+    now = now or timezone.now()
+    health = outage_of(module, now)
+    if health is None:
+        return None
+    if probe(module, now) in ("up", "canary"):
+        return None
+    next_probe = ModuleHealth.objects.filter(pk=health.pk).values_list("next_probe_at", flat=True).first()
+    return next_probe or now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
+
+
+def call(entry, fn, *, budget_ms, what, **kwargs):
+    """`calls.call`, with the answer counted towards ``entry``'s module's health."""
+    answer = calls.call(fn, budget_ms=budget_ms, what=what, **kwargs)
+    record(entry.module, blame(answer))
+    return answer

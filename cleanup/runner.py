@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, registry, validation
+from . import calls, ledger, outages, registry, validation
 from .conf import claim_timeout_s, setting
 from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
 from .sweep import past, refresh_cleanup_status
@@ -332,6 +332,10 @@ def advance_run(run_id, deadline=None):
                 wake_at = _record_outcome(step, calls.Performed(
                     ok=False, error="the ticker performing this step stopped before it had an answer"))
                 break
+            held = outages.hold(_module_of(step), now)
+            if held is not None:
+                wake_at = _wait_for_module(step, held)
+                break
             outcome = _perform(step)
             if outcome is True:
                 performed += 1
@@ -341,6 +345,28 @@ def advance_run(run_id, deadline=None):
     finally:
         claim.release(wake_at=wake_at)
     return performed
+
+
+def _module_of(step):
+    """The module a step calls, or None (a built-in wait, an unregistered action)."""
+    if step.action_id == LEASE:
+        entry = registry.get_lease((step.params or {}).get("lease"))
+    else:
+        entry = registry.get_action(step.action_id)
+    return getattr(entry, "module", None)
+
+
+def _wait_for_module(step, until):
+    """Hold the step while its module is down; say why once per outage. Answers ``until``."""
+    health = outages.outage_of(_module_of(step))
+    reason = health.waiting_text() if health else "waiting for its module to answer again"
+    this_outage = reason.split(" (", 1)[0]  # the module and since when, not the latest error
+    first = Step.objects.filter(pk=step.pk).exclude(last_error__startswith=this_outage).exists()
+    Step.objects.filter(pk=step.pk).update(last_error=reason, next_attempt_at=until)
+    if first:
+        RunLog.write(step.run_id, "step.waiting", position=step.position, action=step.action_id,
+                     module=getattr(health, "module", None), reason=reason, until=until.isoformat())
+    return until
 
 
 def _wait(step, now):
@@ -381,7 +407,8 @@ def _perform_action(step):
     if action is None:
         return calls.Performed(ok=False, error=f"no module registers the action {step.action_id!r}", retry=False)
     ledger.write_placeholder(step, action.module)
-    answer = calls.call(
+    answer = outages.call(
+        action,
         action.perform,
         budget_ms=calls.budget_under_claim(action),
         what=step.action_id,
@@ -409,7 +436,8 @@ def _perform_lease(step):
         # Read and reserve once per step: a retry after an apply that may have landed
         # must not read the applied value as the baseline.
         reply = calls.classify_reply(
-            calls.call(lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read", target=target),
+            outages.call(lease, lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read",
+                         target=target),
             f"{lease.id}.read",
             key="value",
         )
@@ -417,7 +445,8 @@ def _perform_lease(step):
             return calls.Performed(ok=False, error=reply.error, retry=reply.retry)
         row = ledger.reserve_lease(step, lease, target, baseline=reply.value, applied=params["value"])
     reply = calls.classify_reply(
-        calls.call(
+        outages.call(
+            lease,
             lease.apply,
             budget_ms=calls.budget_under_claim(lease),
             what=f"{lease.id}.apply",
@@ -460,6 +489,12 @@ def _record_outcome(step, performed):
                 queue_cleanup(run.pk)
             return now
         return True
+    if performed.retry and (outage := outages.outage_of(_module_of(step), now)) is not None:
+        # The module's backend is down: this failure is the outage's, not the step's, and
+        # spends no attempt. The step waits for the module to answer again.
+        if not ours.update(status=StepStatus.PENDING, attempts=F("attempts") - 1, finished_at=None):
+            return now
+        return _wait_for_module(step, outage.next_probe_at or now)
     last = not performed.retry or step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS")
     retry_at = None if last else now + timedelta(seconds=setting("EVENT_STEP_BACKOFF_S") * 2 ** (step.attempts - 1))
     if not ours.update(
