@@ -27,6 +27,8 @@ from .admin_lists import (
     ReadOnlyAdmin,
     attempt_text,
     filtered,
+    mark_steps_waiting,
+    mark_waiting,
     next_attempt,
     run_link,
     when,
@@ -126,6 +128,9 @@ class RunAdmin(ReadOnlyAdmin):
                          .select_related("run").order_by("-id")[: PAGE_ROWS - len(rows)])
         for row in rows:
             row.attempt_text = attempt_text(row, max_attempts, now)
+        mark_waiting(rows, max_attempts)
+        steps = list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS])
+        mark_steps_waiting(steps)
         counts = dict(Resource.objects.filter(run=run).order_by().values_list("state").annotate(n=Count("id")))
         # ?live=1 also reads each leased target through its lease, under the lease's budget.
         plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=request.GET.get("live") == "1")
@@ -135,7 +140,7 @@ class RunAdmin(ReadOnlyAdmin):
             "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
             "row_total": sum(counts.values()),
             "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
-            "steps": list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS]),
+            "steps": steps,
             "step_total": Step.objects.filter(run=run).count(),
             "log": list(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
             "log_total": RunLog.objects.filter(run=run).count(),
@@ -292,7 +297,20 @@ class ResourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="attempts")
     def attempt(self, obj):
-        return attempt_text(obj, max_revert_attempts(), timezone.now())
+        text = attempt_text(obj, max_revert_attempts(), timezone.now())
+        waiting = getattr(obj, "waiting", None)
+        return format_html('{}; <strong class="waiting">{}</strong>', text, waiting) if waiting else text
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        mark_waiting(changelist.result_list, max_revert_attempts())
+        return changelist
+
+    def get_object(self, request, object_id, from_field=None):
+        row = super().get_object(request, object_id, from_field)
+        if row is not None:
+            mark_waiting([row], max_revert_attempts())
+        return row
 
     @admin.display(description="last error")
     def error(self, obj):
@@ -312,6 +330,8 @@ class ResourceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="next attempt")
     def next_try(self, obj):
+        if getattr(obj, "waiting", None):
+            return obj.waiting
         at = next_attempt(obj, max_revert_attempts())
         if at is None:
             return "none: " + attempt_text(obj, max_revert_attempts(), timezone.now())
@@ -439,7 +459,7 @@ class AlertAdmin(ReadOnlyAdmin):
     list_filter = ["event", "channel"]
     list_select_related = ["run"]
     ordering = ["-id"]
-    fields = ["run_name", "event", "channel", "created", "sent", "attempts", "next_attempt_at", "last_error",
+    fields = ["run_name", "module", "event", "channel", "created", "sent", "attempts", "next_attempt_at", "last_error",
               "payload"]
     readonly_fields = fields
 
@@ -451,6 +471,10 @@ class AlertAdmin(ReadOnlyAdmin):
     def sent(self, obj):
         return when(obj.sent_at) if obj.sent_at else "not yet"
 
-    @admin.display(description="run")
+    @admin.display(description="about")
     def run_name(self, obj):
+        if obj.run_id is None:
+            return f"module {obj.module}"
         return run_link(obj.run_id, obj.run.name)
+
+from . import admin_modules  # noqa: E402, F401  (registers the module pages)

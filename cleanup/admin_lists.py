@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from .conf import max_revert_attempts
-from .models import CLAIMABLE, TERMINAL, UNRESOLVED, Resource, ResourceState, Run
+from .models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
 
 
 def when(dt):
@@ -58,6 +58,8 @@ def attention(user):
     found = {}
     if user.has_perm("cleanup.view_run"):
         found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
+    if user.has_perm("cleanup.view_modulehealth"):
+        found["modules_down"] = ModuleHealth.objects.down().count()
     if user.has_perm("cleanup.view_resource"):
         max_attempts = max_revert_attempts()
         rows = ended_unresolved()
@@ -214,3 +216,41 @@ def next_attempt(row, max_attempts):
             or row.run.status not in TERMINAL or not row.run.auto_cleanup):
         return None
     return row.next_attempt_at or row.run.ended_at or row.created_at
+
+
+# -- work that waits on a module that is down -------------------------------------------
+
+
+def mark_waiting(rows, max_attempts):
+    """Set ``row.waiting`` to "waiting: <module> is down since …" on rows held by an outage.
+
+    One query for the whole page (`cleanup.outages.waiting_reasons`), not one per row.
+    """
+    from . import outages
+
+    rows = list(rows)
+    reasons = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+    for row in rows:
+        row.waiting = reasons.get(row.module) if outages.row_waits(row, max_attempts) else None
+    return rows
+
+
+def mark_steps_waiting(steps):
+    """Set ``step.waiting`` on the steps not yet done whose module is down; one query for them all."""
+    from . import outages, registry
+
+    open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
+    modules = {s: step_module(s, registry) for s in open_steps}
+    reasons = outages.waiting_reasons({m for m in modules.values() if m}) if open_steps else {}
+    for step in steps:
+        step.waiting = reasons.get(modules.get(step))
+    return steps
+
+
+def step_module(step, registry):
+    """The module a step calls, or None (a built-in wait, an unregistered action)."""
+    if step.action_id == "core.lease":
+        entry = registry.get_lease((step.params or {}).get("lease")) if isinstance(step.params, dict) else None
+    else:
+        entry = registry.get_action(step.action_id)
+    return getattr(entry, "module", None)

@@ -8,6 +8,11 @@ tells it) and, in the same transaction, writes the log entry (`cleanup.gave_up` 
 `cleanup.recovered`) and one outbox row per channel (`Alert`). `deliver` then sends the
 outbox outside any transaction, each row claimed first; a dead or slow webhook costs at
 most its timeout, is recorded on the row and tried again later with a backoff.
+
+A module's backend going down and coming back are told the same way, once per change
+rather than once per run it holds up: `notice_modules` claims each `ModuleEvent`
+(``module.down``, ``module.up``) by a conditional UPDATE of its ``alerted_at`` and writes
+its outbox in the same transaction.
 """
 
 import logging
@@ -23,11 +28,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from .models import (
+    TERMINAL,
     UNRESOLVED,
     Alert,
     AlertChannel,
     AlertedStatus,
     CleanupStatus,
+    ModuleEvent,
+    ModuleHealth,
     Resource,
     Run,
     RunLog,
@@ -37,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 GAVE_UP = "cleanup.gave_up"
 RECOVERED = "cleanup.recovered"
+MODULE_DOWN = "module.down"
+MODULE_UP = "module.up"
+MODULE_EVENTS = (MODULE_DOWN, MODULE_UP)
 # Bounds: runs told per call, messages sent per call, rows listed in one message.
 RUNS_PER_NOTICE = 50
 SENDS_PER_DELIVER = 20
@@ -61,6 +72,7 @@ def notice(deliver_now=True):
     """
     run_ids = list(Run.objects.filter(DUE).order_by("id").values_list("id", flat=True)[:RUNS_PER_NOTICE])
     told = sum(1 for run_id in run_ids if tell(run_id))
+    told += notice_modules()
     if deliver_now:
         deliver()
     return told
@@ -175,6 +187,8 @@ def post_webhook(payload):
 
 
 def mail_text(message):
+    if message["event"] in MODULE_EVENTS:
+        return module_mail_text(message)
     run = message["run"]
     if message["event"] == GAVE_UP:
         subject = f'Cleanup of run #{run["id"]} "{run["name"]}" gave up: {message["unresolved_count"]} row(s) left'
@@ -190,4 +204,70 @@ def mail_text(message):
     if more > 0:
         lines.append(f"- and {more} more")
     lines += ["", f'The run: {message["url"]}']
+    return subject, "\n".join(lines)
+
+
+# -- modules ------------------------------------------------------------------------------
+
+
+def notice_modules():
+    """Tell every module change not yet told (at most ``RUNS_PER_NOTICE``); answers how many this call claimed."""
+    event_ids = list(
+        ModuleEvent.objects.filter(alerted_at__isnull=True, kind__in=MODULE_EVENTS)
+        .order_by("id").values_list("id", flat=True)[:RUNS_PER_NOTICE]
+    )
+    return sum(1 for event_id in event_ids if tell_module(event_id))
+
+
+def tell_module(event_id):
+    """Claim one module change and write its outbox; answers the event's kind, or None."""
+    with transaction.atomic():
+        if not ModuleEvent.objects.filter(pk=event_id, alerted_at__isnull=True).update(alerted_at=timezone.now()):
+            return None  # another worker told it first
+        event = ModuleEvent.objects.get(pk=event_id)
+        message = describe_module(event)
+        Alert.objects.bulk_create(
+            Alert(module=event.module, event=event.kind, channel=channel, payload=message) for channel in channels()
+        )
+    logger.info("module %s: %s", event.module, event.kind)
+    return event.kind
+
+
+def modules_url():
+    base = (getattr(settings, "EVENT_SITE_URL", "") or "").rstrip("/")
+    return base + reverse("admin:cleanup_modulehealth_changelist")
+
+
+def describe_module(event):
+    """The message: which module, what changed, who changed it, the error, and how much waits on it."""
+    detail = event.detail or {}
+    waiting = Resource.objects.filter(module=event.module, state__in=UNRESOLVED, run__status__in=TERMINAL)
+    health = ModuleHealth.objects.filter(module=event.module).first()
+    return {
+        "event": event.kind,
+        "module": event.module,
+        "at": event.at.isoformat(),
+        "by": detail.get("by", ""),
+        "error": detail.get("error") or detail.get("last_error") or "",
+        "down_since": health.down_since.isoformat() if health and health.down_since else None,
+        "down_for_s": detail.get("down_for_s"),
+        "unresolved_rows": waiting.count(),
+        "url": modules_url(),
+    }
+
+
+def module_mail_text(message):
+    module = message["module"]
+    if message["event"] == MODULE_DOWN:
+        subject = f"Module {module} is down: its work waits"
+        error = message["error"] or "no error recorded"
+        lead = (f"{module} was marked down by {message['by'] or 'the engine'}: {error}."
+                " Its rows and steps are not attempted, and spend no attempts, until it answers again.")
+    else:
+        minutes = f" after {round(message['down_for_s'] / 60)} min" if message.get("down_for_s") else ""
+        subject = f"Module {module} is up again"
+        lead = (f"{module} was marked up by {message['by'] or 'the engine'}{minutes}; its waiting work resumes."
+                f" The last error was: {message['error'] or 'none'}.")
+    lines = [lead, "", f"Unresolved rows of ended runs on {module}: {message['unresolved_rows']}", "",
+             f"Module health: {message['url']}"]
     return subject, "\n".join(lines)

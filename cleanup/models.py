@@ -466,10 +466,16 @@ class ModuleEvent(models.Model):
     kind = models.CharField(max_length=32)  # module.down, module.up, module.gave_up
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
+    # Set by the one worker that told staff of this change (cleanup.alerts.tell_module).
+    alerted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]
-        indexes = [models.Index(fields=["module", "-at"], name="module_event_idx")]
+        indexes = [
+            models.Index(fields=["module", "-at"], name="module_event_idx"),
+            # cleanup.alerts.notice_modules: changes staff were not yet told of.
+            models.Index(fields=["id"], name="module_event_untold_idx", condition=Q(alerted_at__isnull=True)),
+        ]
 
     def __str__(self):
         return f"{self.module} {self.kind}"
@@ -487,8 +493,10 @@ class Alert(models.Model):
     transaction, and marks it sent; a failure waits out a backoff and is tried again.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts")
-    event = models.CharField(max_length=64)  # the log kind: cleanup.gave_up, cleanup.recovered
+    # A run's alert names its run; a module's (module.down, module.up) names its module.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts", null=True, blank=True)
+    module = models.CharField(max_length=100, blank=True, default="")
+    event = models.CharField(max_length=64)  # the log kind: cleanup.gave_up, cleanup.recovered, module.down, ...
     channel = models.CharField(max_length=16, choices=AlertChannel.choices)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
@@ -506,4 +514,5 @@ class Alert(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.event} for run {self.run_id} by {self.channel}"
+        about = f"run {self.run_id}" if self.run_id else f"module {self.module}"
+        return f"{self.event} for {about} by {self.channel}"

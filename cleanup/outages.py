@@ -322,3 +322,36 @@ def call(entry, fn, *, budget_ms, what, **kwargs):
     answer = calls.call(fn, budget_ms=budget_ms, what=what, **kwargs)
     record(entry.module, blame(answer))
     return answer
+
+
+def known_modules():
+    """Every registered module and every module with a health row, by name: what people see."""
+    return sorted(set(registry.modules()) | set(ModuleHealth.objects.values_list("module", flat=True)))
+
+
+def module_known(module):
+    """A module a person may mark up or down: registered, with a health row, or owning ledger rows."""
+    if "\x00" in module:
+        return False
+    return (
+        module in registry.modules()
+        or ModuleHealth.objects.filter(module=module).exists()
+        or Resource.objects.filter(module=module).exists()
+    )
+
+
+def health_of(modules):
+    """``{module: ModuleHealth}`` for each of ``modules``, unsaved rows (up) for those never seen."""
+    found = {h.module: h for h in ModuleHealth.objects.filter(module__in=set(modules))}
+    return {m: found.get(m) or ModuleHealth(module=m) for m in modules}
+
+
+def row_waits(row, max_attempts):
+    """Would the sweep attempt this ledger row now, were its module up? Only such a row waits on it.
+
+    Reads ``row.run``: select it with the row.
+    """
+    return (
+        row.state in CLAIMABLE and row.retryable and row.revert_attempts < max_attempts
+        and row.run.is_terminal and row.run.auto_cleanup
+    )

@@ -34,6 +34,11 @@ PATHS = [
     "/api/events/resources/",
     "/api/events/resources/{id}/",
     "/api/events/resources/{id}/waive/",
+    "/api/events/modules/",
+    "/api/events/modules/log/",
+    "/api/events/modules/{name}/down/",
+    "/api/events/modules/{name}/up/",
+    "/api/events/modules/{name}/log/",
     "/api/events/modules/{name}/reconcile/",
     "/api/events/summary/",
 ]
@@ -41,6 +46,8 @@ POSTS = {
     "/api/events/runs/{id}/cancel/",
     "/api/events/runs/{id}/cleanup/",
     "/api/events/resources/{id}/waive/",
+    "/api/events/modules/{name}/down/",
+    "/api/events/modules/{name}/up/",
     "/api/events/modules/{name}/reconcile/",
 }
 

@@ -24,6 +24,8 @@ WRITES = {
     "/api/events/runs/{id}/cancel/",
     "/api/events/runs/{id}/cleanup/",
     "/api/events/resources/{id}/waive/",
+    "/api/events/modules/{name}/down/",
+    "/api/events/modules/{name}/up/",
     "/api/events/modules/{name}/reconcile/",
 }
 

@@ -1,9 +1,13 @@
 """What the API reads and writes: small input serializers, and the engine's objects out."""
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from .. import validation
-from ..models import Resource, Run, RunLog, Step
+from .. import outages, validation
+from ..conf import max_revert_attempts
+from ..models import ModuleEvent, Resource, Run, RunLog, Step
+
+NULLABLE_TEXT = {"type": "string", "nullable": True}
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -75,6 +79,13 @@ class WaiveSerializer(StrictSerializer):
     )
 
 
+class MarkDownSerializer(StrictSerializer):
+    reason = StrictCharField(
+        max_length=validation.MAX_REASON,
+        help_text="Why the backend is out; shown beside the work that waits, and logged with the actor.",
+    )
+
+
 class ReconcileSerializer(StrictSerializer):
     restarted = StrictBooleanField(
         default=False,
@@ -113,13 +124,62 @@ class RunDetailSerializer(RunSerializer):
         read_only_fields = fields
 
 
+class WaitingListSerializer(serializers.ListSerializer):
+    """Reads the down modules of a whole page in one query, for the rows' ``waiting``."""
+
+    def to_representation(self, data):
+        rows = list(data.all() if hasattr(data, "all") else data)
+        self.context["waiting"] = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+        return super().to_representation(rows)
+
+
 class ResourceSerializer(serializers.ModelSerializer):
+    waiting = serializers.SerializerMethodField(
+        help_text='Why the sweep does not try the row now: "waiting: <module> is down since <time> (<error>)"; '
+                  "null unless its module is down."
+    )
+
     class Meta:
         model = Resource
         fields = ["id", "run", "step", "module", "action", "kind", "ref", "member_key", "payload", "state",
-                  "revert_attempts", "retryable", "last_error", "next_attempt_at", "resurrected_from",
+                  "revert_attempts", "retryable", "last_error", "next_attempt_at", "waiting", "resurrected_from",
                   "created_at", "updated_at", "resolved_at", "waived_reason", "waived_by", "waived_at"]
         read_only_fields = fields
+        list_serializer_class = WaitingListSerializer
+
+    @extend_schema_field(NULLABLE_TEXT)
+    def get_waiting(self, row):
+        reasons = self.context.get("waiting")
+        if reasons is None:
+            reasons = outages.waiting_reasons([row.module])
+        reason = reasons.get(row.module)
+        return reason if reason and outages.row_waits(row, max_revert_attempts()) else None
+
+
+class ModuleHealthSerializer(serializers.Serializer):
+    module = serializers.CharField()
+    registered = serializers.BooleanField(help_text="Whether a module of this name is installed now.")
+    state = serializers.ChoiceField(choices=["up", "down"])
+    since = serializers.DateTimeField(allow_null=True, help_text="When it went down; null while up.")
+    last_error = serializers.CharField(help_text="The last answer that blamed its backend, or a person's reason.")
+    failures_in_row = serializers.IntegerField(help_text="Answers in a row that blamed the backend.")
+    next_probe_at = serializers.DateTimeField(allow_null=True, help_text="While down: when it is probed next.")
+    changed_by = serializers.CharField(help_text='Who marked it last: "engine", "probe" or a person.')
+    waiting = serializers.CharField(allow_null=True, help_text="What its waiting work shows; null while up.")
+
+
+class ModuleEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModuleEvent
+        fields = ["id", "module", "kind", "detail", "at", "alerted_at"]
+        read_only_fields = fields
+
+
+class ModuleDownSerializer(serializers.Serializer):
+    module = serializers.CharField()
+    since = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField()
+    waiting = serializers.CharField()
 
 
 class RunLogSerializer(serializers.ModelSerializer):
@@ -187,6 +247,7 @@ class ResourceCountsSerializer(serializers.Serializer):
 class SummarySerializer(serializers.Serializer):
     runs = RunCountsSerializer()
     resources = ResourceCountsSerializer()
+    modules_down = ModuleDownSerializer(many=True, help_text="Modules whose backend is down: their work waits.")
 
 
 class DetailSerializer(serializers.Serializer):

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import views
+from . import module_views, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="events-runs"),
@@ -15,6 +15,11 @@ urlpatterns = [
     path("resources/", views.ResourceListView.as_view(), name="events-resources"),
     path("resources/<int:pk>/", views.ResourceDetailView.as_view(), name="events-resource"),
     path("resources/<int:pk>/waive/", views.ResourceWaiveView.as_view(), name="events-resource-waive"),
+    path("modules/", module_views.ModuleListView.as_view(), name="events-modules"),
+    path("modules/log/", module_views.ModuleLogView.as_view(), name="events-modules-log"),
+    path("modules/<str:name>/down/", module_views.ModuleDownView.as_view(), name="events-module-down"),
+    path("modules/<str:name>/up/", module_views.ModuleUpView.as_view(), name="events-module-up"),
+    path("modules/<str:name>/log/", module_views.ModuleOneLogView.as_view(), name="events-module-log"),
     path("modules/<str:name>/reconcile/", views.ModuleReconcileView.as_view(), name="events-module-reconcile"),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
 ]

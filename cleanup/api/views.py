@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..manual import request_cleanup, waive
-from ..models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunStatus
+from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
 from ..plan import cleanup_plan
 from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
@@ -248,7 +248,8 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
-        return by_choices(run.resources.order_by("id"), self.request.query_params, state=ResourceState)
+        rows = run.resources.select_related("run").order_by("id")
+        return by_choices(rows, self.request.query_params, state=ResourceState)
 
 
 @extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
@@ -284,7 +285,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
 
     def get_queryset(self):
         params = self.request.query_params
-        rows = by_choices(Resource.objects.order_by("id"), params, state=ResourceState)
+        rows = by_choices(Resource.objects.select_related("run").order_by("id"), params, state=ResourceState)
         if "module" in params:
             # No row can hold a NUL, and PostgreSQL refuses one in a query.
             rows = rows.none() if "\x00" in params["module"] else rows.filter(module=params["module"])
@@ -301,7 +302,7 @@ class ResourceDetailView(EventsAPI, generics.RetrieveAPIView):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer
-    queryset = Resource.objects.all()
+    queryset = Resource.objects.select_related("run")
     required_perms = {"GET": ["cleanup.view_resource"]}
 
 
@@ -383,6 +384,10 @@ class SummaryView(EventsAPI, APIView):
                 "state": by_state,
                 "unresolved": sum(by_state[state] for state in UNRESOLVED),
             },
+            "modules_down": [
+                {"module": h.module, "since": h.down_since, "last_error": h.last_error, "waiting": h.waiting_text()}
+                for h in ModuleHealth.objects.down().order_by("module")
+            ],
         }
         return Response(s.SummarySerializer(answer).data)
 

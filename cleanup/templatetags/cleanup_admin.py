@@ -16,6 +16,7 @@ def needs_attention(context):
         "incomplete_runs": reverse("admin:cleanup_run_changelist") + "?cleanup_status__exact=incomplete",
         "retrying": filtered("resource", needs="retrying"),
         "waiting": filtered("resource", needs="waiting"),
+        "modules_down": filtered("modulehealth", state__exact="down"),
     }
     if "oldest" in counts:
         links["oldest"] = reverse("admin:cleanup_resource_change", args=[counts["oldest"]["id"]])
