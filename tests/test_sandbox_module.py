@@ -195,6 +195,17 @@ def test_revert_of_an_empty_list_with_nothing_under_the_key_is_success(sandbox):
     assert revert([], key="never-performed") == {"ok": True, "failed": []}
 
 
+def test_revert_names_a_creature_the_shard_refuses_to_despawn_as_failed(sandbox):
+    resources = perform()["resources"]
+    refs = refs_of(resources)
+    sandbox.post("/faults", json={"stuck": [refs[1]]})
+    answer = revert(resources)
+    assert answer == {"ok": True, "failed": [refs[1]]}
+    assert present(sandbox, refs) == [refs[1]]
+    verdict = calls.classify_revert(calls.Answer(raw=answer), SPAWN.id, refs)
+    assert verdict.outcome is Outcome.DONE and verdict.failed == {refs[1]}
+
+
 def test_revert_of_creatures_already_gone_is_success(sandbox):
     resources = perform()["resources"]
     sandbox.post("/despawn", json={"refs": refs_of(resources)[:2]})

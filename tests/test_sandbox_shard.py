@@ -142,6 +142,11 @@ BAD_INPUT = [
     ("POST", "/faults", {"down": 0}, 400, "down"),
     ("POST", "/faults", {"down": None}, 400, "down"),
     ("POST", "/faults", {"slow": 1}, 400, "slow"),
+    ("POST", "/faults", {"stuck": "wolf"}, 400, "stuck"),
+    ("POST", "/faults", {"stuck": [""]}, 400, "stuck"),
+    ("POST", "/faults", {"stuck": [3]}, 400, "stuck"),
+    ("POST", "/faults", {"stuck": ["x"] * 101}, 400, "stuck"),
+    ("POST", "/faults", {"stuck": ["x" * 201]}, 400, "stuck"),
     ("POST", "/faults", [], 400, "JSON object"),
     # drift
     ("POST", "/drift", {"rate": 1}, 400, "spawner"),
@@ -186,7 +191,7 @@ def test_bad_input_answers_an_error_naming_the_field_and_the_shard_survives(
 def test_bad_input_changes_nothing(shared_shard):
     assert shared_shard.get("/creatures", params={"key": SPAWN["key"]}).json() == {"creatures": []}
     assert rate(shared_shard, "orc-camp") == 1.0
-    assert shared_shard.get("/faults").json() == {"latency_ms": 0, "error_rate": 0.0, "down": False}
+    assert shared_shard.get("/faults").json() == {"latency_ms": 0, "error_rate": 0.0, "down": False, "stuck": []}
     assert shared_shard.get("/health").json()["boot_id"] == shared_shard.boot_id
 
 
@@ -336,7 +341,7 @@ def test_despawn_removes_the_creatures_and_names_them(shard_process):
     refs = refs_of(spawn(shard_process)["creatures"])
     response = shard_process.post("/despawn", json={"refs": refs[:2]})
     assert response.status_code == 200
-    assert response.json() == {"removed": refs[:2], "absent": []}
+    assert response.json() == {"removed": refs[:2], "absent": [], "refused": []}
     assert refs_of(by_key(shard_process, SPAWN["key"])) == refs[2:]
 
 
@@ -345,13 +350,13 @@ def test_despawn_of_a_ref_already_gone_or_never_there_is_success(shard_process):
     shard_process.post("/despawn", json={"refs": refs})
     again = shard_process.post("/despawn", json={"refs": [*refs, "cr-never-was"]})
     assert again.status_code == 200
-    assert again.json() == {"removed": [], "absent": [*refs, "cr-never-was"]}
+    assert again.json() == {"removed": [], "absent": [*refs, "cr-never-was"], "refused": []}
 
 
 def test_despawn_of_nothing_is_success(shard_process):
     response = shard_process.post("/despawn", json={"refs": []})
     assert response.status_code == 200
-    assert response.json() == {"removed": [], "absent": []}
+    assert response.json() == {"removed": [], "absent": [], "refused": []}
 
 
 def test_creatures_lists_by_key_or_all(shard_process):
@@ -505,15 +510,36 @@ def test_faults_start_cleared_and_update_field_by_field(shard_process):
         "latency_ms": 0,
         "error_rate": 0.0,
         "down": False,
+        "stuck": [],
     }
     shard_process.post("/faults", json={"latency_ms": 5})
     answer = shard_process.post("/faults", json={"error_rate": 0.25}).json()
-    assert answer == {"latency_ms": 5, "error_rate": 0.25, "down": False}
+    assert answer == {"latency_ms": 5, "error_rate": 0.25, "down": False, "stuck": []}
     assert shard_process.delete("/faults").json() == {
         "latency_ms": 0,
         "error_rate": 0.0,
         "down": False,
+        "stuck": [],
     }
+
+
+def test_a_stuck_creature_refuses_to_be_despawned_while_the_rest_go(shard_process):
+    refs = refs_of(spawn(shard_process)["creatures"])
+    assert shard_process.post("/faults", json={"stuck": [refs[0]]}).json()["stuck"] == [refs[0]]
+    answer = shard_process.post("/despawn", json={"refs": [*refs, "cr-never-was"]}).json()
+    assert answer == {"removed": refs[1:], "absent": ["cr-never-was"], "refused": [refs[0]]}
+    assert refs_of(by_key(shard_process, SPAWN["key"])) == [refs[0]]
+    assert shard_process.get("/health").status_code == 200, "a stuck creature is no outage"
+
+
+def test_stuck_by_kind_holds_every_creature_of_that_kind_until_the_faults_are_cleared(shard_process):
+    refs = refs_of(spawn(shard_process)["creatures"])
+    kind = by_key(shard_process, SPAWN["key"])[0]["kind"]
+    shard_process.post("/faults", json={"stuck": [kind]})
+    assert shard_process.post("/despawn", json={"refs": refs}).json()["refused"] == refs
+    shard_process.delete("/faults")
+    assert shard_process.post("/despawn", json={"refs": refs}).json() == {"removed": refs, "absent": [],
+                                                                          "refused": []}
 
 
 def test_latency_holds_the_answer_back_after_the_work_is_done(shard_process):

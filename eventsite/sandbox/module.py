@@ -5,7 +5,8 @@ This is the worked example of a module (see ``docs/modules.md``). What it shows:
 - every callable answers an envelope and never raises (`never_raises`);
 - ``perform`` sends the step's idempotency key with the spawn, so a retried step, or a
   call that timed out here but landed on the shard, spawns once;
-- ``revert`` gives back what it is handed, counts "already gone" as given back, and when
+- ``revert`` gives back what it is handed, counts "already gone" as given back, names
+  the creatures the shard refused to despawn as ``failed`` (the row's own failure), and when
   it is handed nothing (the step's worker died before recording) finds what the key
   spawned and gives that back;
 - ``reconcile`` says which refs the shard still has, and fails when it cannot tell;
@@ -190,14 +191,20 @@ class SpawnAction(registry.Action):
             ):
                 return malformed("a list of creatures")
             refs = [c["ref"] for c in creatures]
+        refused = []
         for chunk in _chunks(refs):
             reply = shard.post("/despawn", {"refs": chunk})
             if not reply.ok:
                 return reply.failure()  # what was despawned stays so: a retry is safe
             if not _str_list(reply.body.get("removed")) or not _str_list(reply.body.get("absent")):
                 return malformed("a despawn")
-        # Removed or already absent: either way it is no longer in the world.
-        return {"ok": True, "failed": []}
+            held = reply.body.get("refused", [])
+            if not _str_list(held) or not set(held) <= set(chunk):
+                return malformed("a despawn")
+            refused += held
+        # Removed or already absent: either way it is no longer in the world. A creature
+        # the shard refused to let go is this row's own failure, not the shard's.
+        return {"ok": True, "failed": refused}
 
     @never_raises
     def reconcile(self, *, run_id, resources):

@@ -32,8 +32,11 @@ POST     /spawn                    ``{"key", "creature", "count" (1..500), "at"}
                                    names those gone since). The key with other
                                    ``creature``/``count``/``at`` answers 409.
 POST     /despawn                  ``{"refs": [...]}`` (at most 1000): 200
-                                   ``{"removed": [...], "absent": [...]}``. A ref
-                                   already gone is no error: it is listed as absent.
+                                   ``{"removed": [...], "absent": [...],
+                                   "refused": [...]}``. A ref already gone is no
+                                   error: it is listed as absent. A creature the
+                                   ``stuck`` fault names stays in the world and is
+                                   listed as refused.
 GET      /creatures[?key=K]        ``{"creatures": [{"ref", "kind", "at", "key"}]}``,
                                    those spawned under K, or all of them.
 POST     /spawns/KEY/revoke        ``{"key", "revoked": true}``: no spawn under KEY
@@ -56,14 +59,18 @@ PUT      /spawners/NAME            ``{"rate", "expected"?}``: ``{"name", "rate",
 Harness routes (never subject to faults, so a test can always steer the shard):
 
 =======  ========================  ==================================================
-GET      /faults                   ``{"latency_ms", "error_rate", "down"}``
+GET      /faults                   ``{"latency_ms", "error_rate", "down", "stuck"}``
 POST     /faults                   any of ``latency_ms`` (0..60000), ``error_rate``
                                    (0..1: that share of game requests answers 503
                                    before doing anything), ``down`` (``false``,
                                    ``"refuse"``: game requests get their connection
                                    reset without an answer, as from a dead process;
-                                   ``"503"``: game requests answer 503). Fields left
-                                   out keep their value; answers the faults in force.
+                                   ``"503"``: game requests answer 503), ``stuck``
+                                   (creature refs or kinds, such as ``["wolf"]``, at
+                                   most 100: those creatures refuse to be despawned,
+                                   while the shard answers everything else). Fields
+                                   left out keep their value; answers the faults in
+                                   force.
 DELETE   /faults                   clear every fault.
 POST     /drift                    ``{"spawner", "rate"}``: change (or create) a
                                    spawner's rate behind the engine's back.
@@ -114,6 +121,7 @@ MAX_REFS = 1000
 MAX_TEXT = 200
 MAX_RATE = 1_000_000
 MAX_LATENCY_MS = 60_000
+MAX_STUCK = 100
 MAX_BODY_BYTES = 1_000_000
 RESTART_MODES = ("rollback", "wipe")
 SPAWNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -206,7 +214,7 @@ class World:
         for kind, at in AMBIENT:
             ref = _new_ref()
             self.creatures[ref] = {"ref": ref, "kind": kind, "at": at, "key": None}
-        self.faults = {"latency_ms": 0, "error_rate": 0.0, "down": False}
+        self.faults = {"latency_ms": 0, "error_rate": 0.0, "down": False, "stuck": []}
         self.boot_id = str(uuid.uuid4())
         self.started_at = _now()
         self._snapshot = None
@@ -301,9 +309,16 @@ class World:
 
     def despawn(self, refs):
         with self.lock:
-            removed = [ref for ref in refs if self.creatures.pop(ref, None) is not None]
-        gone = set(removed)
-        return {"removed": removed, "absent": [ref for ref in refs if ref not in gone]}
+            stuck = set(self.faults["stuck"])
+            refused = [ref for ref in refs if ref in self.creatures and self._stuck(self.creatures[ref], stuck)]
+            held = set(refused)
+            removed = [ref for ref in refs if ref not in held and self.creatures.pop(ref, None) is not None]
+        there = set(removed) | held
+        return {"removed": removed, "absent": [ref for ref in refs if ref not in there], "refused": refused}
+
+    @staticmethod
+    def _stuck(creature, stuck):
+        return creature["ref"] in stuck or creature["kind"] in stuck
 
     def lookup(self, refs):
         with self.lock:
@@ -342,12 +357,12 @@ class World:
 
     def get_faults(self):
         with self.lock:
-            return dict(self.faults)
+            return {**self.faults, "stuck": list(self.faults["stuck"])}
 
     def set_faults(self, **changes):
         with self.lock:
             self.faults.update(changes)
-            return dict(self.faults)
+        return self.get_faults()
 
 
 # -- routes ------------------------------------------------------------------------------
@@ -428,7 +443,7 @@ def route_get_faults(world, request):
 
 def route_post_faults(world, request):
     body = request.json_object()
-    _only(body, ("latency_ms", "error_rate", "down"))
+    _only(body, ("latency_ms", "error_rate", "down", "stuck"))
     changes = {}
     if "latency_ms" in body:
         value = body["latency_ms"]
@@ -448,12 +463,21 @@ def route_post_faults(world, request):
         if value is not False and value not in ("refuse", "503"):
             raise BadRequest('down must be false, "refuse" or "503"', field="down")
         changes["down"] = value
+    if "stuck" in body:
+        value = body["stuck"]
+        if (not isinstance(value, list) or len(value) > MAX_STUCK
+                or not all(isinstance(v, str) and v.strip() and len(v) <= MAX_TEXT for v in value)):
+            raise BadRequest(
+                f"stuck must be a list of at most {MAX_STUCK} creature refs or kinds (non-empty strings)",
+                field="stuck",
+            )
+        changes["stuck"] = list(dict.fromkeys(value))
     return 200, world.set_faults(**changes)
 
 
 def route_delete_faults(world, request):
     request.no_body()
-    return 200, world.set_faults(latency_ms=0, error_rate=0.0, down=False)
+    return 200, world.set_faults(latency_ms=0, error_rate=0.0, down=False, stuck=[])
 
 
 def route_drift(world, request):
