@@ -3,7 +3,8 @@
 Runs `make demo` (shard, cluster and web server), waits for its story, then logs in to
 the admin with Debian's Chromium driven by Playwright at 1,280 px. From the admin index
 a staff user follows the count of runs whose cleanup gave up, opens the wolf hunt, reads
-a row's errors, asks for "Clean up now", confirms it, and watches the cluster give the
+a row's errors (a wolf that refused to leave), reads the shard's outage in the modules'
+log, asks for "Clean up now", confirms it, and watches the cluster give the
 wolves back and the timeline mark the completion. Screenshots go to
 ``var/e2e-screenshots/`` (or ``E2E_SCREENSHOTS``).
 """
@@ -70,6 +71,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             expect(page.locator("#needs-attention")).to_contain_text("Runs whose cleanup gave up")
             expect(page.locator("#count-incomplete-runs")).to_have_text("1")
             expect(page.locator("#count-waiting")).not_to_have_text("0")
+            expect(page.locator("#count-modules-down")).to_have_text("0")
             shot(page, "1-admin-index")
             page.click("#count-incomplete-runs")
 
@@ -79,7 +81,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             page.locator("#result_list a", has_text="Wolf hunt").click()
 
             # The run page: its rows with their errors, its plan and its timeline.
-            expect(page.locator("#rows")).to_contain_text("the shard")
+            expect(page.locator("#rows")).to_contain_text("could not give back")
             expect(page.locator("#plan")).to_contain_text("waiting for a person")
             assert "failed attempt" in page.locator("#timeline svg[role=img]").inner_html()
             assert page.locator("input[name=_save]").count() == 0, "the run page can be saved"
@@ -89,7 +91,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
 
             # A row's page: every attempt's error, newest first; no next attempt at the ceiling.
             page.locator("#rows tbody a").first.click()
-            expect(page.locator(".field-attempt_history")).to_contain_text("the shard")
+            expect(page.locator(".field-attempt_history")).to_contain_text("could not give back")
             expect(page.locator(".field-next_try")).to_contain_text("none")
             shot(page, "3-row-attempts")
 
@@ -101,12 +103,18 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
                 assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
             shot(page, "4-ledger-waiting")
 
+            # The shard's outage and recovery, in the modules' log.
+            page.goto(f"{url}/admin/cleanup/moduleevent/")
+            expect(page.locator("#result_list")).to_contain_text("module.down")
+            expect(page.locator("#result_list")).to_contain_text("module.up")
+            shot(page, "5-module-events")
+
             # Clean up now: confirmed on a page of its own, then the run's page shows the outcome.
             page.goto(f"{url}/admin/cleanup/run/{hunt_id}/change/")
             page.click("#clean-up-now")
             expect(page.locator("#content")).to_contain_text("Rows reset:")
             expect(page.locator("#content")).to_contain_text("sandbox.spawn.revert")
-            shot(page, "5-confirm-clean-up")
+            shot(page, "6-confirm-clean-up")
             page.click("#confirm-action")
             expect(page.locator(".messagelist")).to_contain_text("Cleanup queued for 1 run(s)")
 
@@ -122,7 +130,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             expect(page.locator("#log")).to_contain_text("cleanup.retry")
             timeline = page.locator("#timeline svg[role=img]").inner_html()
             assert "a person's retry at" in timeline and "cleanup complete at" in timeline
-            shot(page, "6-run-cleaned")
+            shot(page, "7-run-cleaned")
 
             page.goto(f"{url}/admin/")
             expect(page.locator("#count-incomplete-runs")).to_have_text("0")
