@@ -45,6 +45,8 @@ def test_it_lists_every_registered_module_with_its_state_since_error_and_next_pr
     assert "down" in row and "shard deploy" in row
     assert health.down_since.astimezone().strftime("%H:%M:%S") in row
     assert health.next_probe_at.astimezone().strftime("%H:%M:%S") in row
+    detail = client.get(reverse("admin:cleanup_modulehealth_change", args=[health.pk])).content.decode()
+    assert health.waiting_text() in detail and 'name="_save"' not in detail
 
 
 def test_mark_down_asks_for_a_reason_then_marks_it_down_and_records_who(client, module):
