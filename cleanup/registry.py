@@ -31,6 +31,8 @@ leaves it alone and shows it to a person.
 
 import logging
 
+from .queue import queue_reconcile
+
 logger = logging.getLogger(__name__)
 
 
@@ -195,7 +197,5 @@ def backend_restarted(name):
     (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save may
     have brought some of it back.
     """
-    from .tasks import queue_reconcile
-
     logger.info("module %s reports that its backend restarted", name)
     return queue_reconcile(module=name, restarted=True)
