@@ -19,6 +19,8 @@ BOUNDS = {
     "EVENT_RUN_BATCH": (10, 1, 10_000),
     "EVENT_RECONCILE_LOOKBACK_S": (3600, 0, 30 * 86_400),
     "EVENT_TICK_BUDGET_S": (300, 1, 86_400),
+    # Module calls a pass makes at once; a module may declare a lower `max_concurrency`.
+    "EVENT_CALL_CONCURRENCY": (8, 1, 256),
 }
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may

@@ -56,6 +56,8 @@ UNRESOLVED = (
 )
 # States the automatic sweep may claim from (a `reverting` row only once its claim expired).
 CLAIMABLE = (ResourceState.LIVE, ResourceState.FAILED)
+# Rows that may still owe the world something the sweep will try: the finder's index.
+OWING = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.REVERTING)
 
 STEP_KIND = "step"
 LEASE_KIND = "override"
@@ -130,19 +132,26 @@ class ResourceQuerySet(models.QuerySet):
         """Rows the automatic sweep may claim now.
 
         Retryable rows under the attempt ceiling whose backoff has passed, and rows
-        whose claim expired (a sweeper died holding them) that have attempts left.
+        whose claim expired (a sweeper died holding them) that have attempts left. A
+        failed row that still carries a live claim is held by a call that outlived its
+        budget and is still running: it is not tried again until that call ends.
         """
-        fresh = Q(state__in=CLAIMABLE, retryable=True) & (
-            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+        fresh = (
+            Q(state__in=CLAIMABLE, retryable=True)
+            & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+            & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
         )
         abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
         return self.filter(fresh | abandoned, revert_attempts__lt=max_attempts)
 
     def retryable(self, max_attempts):
         """Rows the automatic sweep will still try, now or after a backoff or a claim."""
-        return self.filter(
-            Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
-            | Q(state=ResourceState.REVERTING)
+        return self.filter(self.retryable_condition(max_attempts))
+
+    @staticmethod
+    def retryable_condition(max_attempts):
+        return Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts) | Q(
+            state=ResourceState.REVERTING
         )
 
     def claim(self, ids, token, now, timeout_s, max_attempts):
@@ -182,20 +191,6 @@ class ResourceQuerySet(models.QuerySet):
 
     def held_by(self, token):
         return self.filter(state=ResourceState.REVERTING, claim_token=token)
-
-    def release_expired_at_ceiling(self, now, max_attempts):
-        """Abandoned claims with no attempt left become visible failures, not limbo."""
-        return self.filter(
-            state=ResourceState.REVERTING,
-            claim_expires_at__lt=now,
-            revert_attempts__gte=max_attempts,
-        ).update(
-            state=ResourceState.FAILED,
-            claim_token=None,
-            claim_expires_at=None,
-            last_error="the sweeper that claimed this stopped before it had an answer",
-            updated_at=now,
-        )
 
 
 class Resource(models.Model):
@@ -244,6 +239,13 @@ class Resource(models.Model):
                 fields=["run", "step"],
                 name="res_claimable_idx",
                 condition=Q(state__in=["live", "failed"], retryable=True),
+            ),
+            # cleanup.work.runs_needing_cleanup: the runs that still owe something, found
+            # one index probe per run (a skip scan), however much history is resolved.
+            models.Index(
+                fields=["run"],
+                name="finder_owing_run_idx",
+                condition=Q(state__in=["live", "failed", "reverting"], retryable=True),
             ),
             # cleanup.sweep: claims left behind by a sweeper that died.
             models.Index(

@@ -47,6 +47,8 @@ def cleanup_run_task(run_id, actor=None):
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
     summary = cleanup_run(run, by=actor or "queue")
+    if summary.more:
+        queue_cleanup(run_id, actor=actor)
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
 
