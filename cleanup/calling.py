@@ -85,8 +85,7 @@ def call_groups(groups, deadline=None):
 
 
 def _action_of(group):
-    first = group.rows[0]
-    return group.action_id or first.payload.get("action") or None
+    return group.action_id or group.rows[0].action or None
 
 
 def _revert_job(group):

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from . import calls, registry
 from .calls import Outcome, Verdict
-from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState, RunLog
+from .models import LEASE_KIND, UNRESOLVED, Attempt, Resource, ResourceState, RunLog
 
 # What `give_back_lease` answers when the lease handed its baseline down and its row is
 # already resolved.
@@ -195,6 +195,7 @@ def hand_down(run_id, row, token, choose):
             # Our claim was taken over: leave the other rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")
+        Attempt.record([row], "done", f"handed its baseline down to row {heir.pk}")
         RunLog.write(
             run_id,
             "cleanup.reverted",

@@ -76,7 +76,7 @@ def run_batch(run_ids, *, by, deadline=None, skip_locked=True):
         # Rule 13: each lease's verdict is written before the next lease on its target
         # is worked.
         called.append(calling.call_lease(group, batch.token, deadline))
-        _write(verdicts.write_now, batch.token, called[-1:], summaries)
+        _write(verdicts.write_now, batch.token, called[-1:], summaries, by)
     rest = calling.call_groups(batch.others(), deadline)
     _write(verdicts.write, batch, rest, by, summaries)
     called += rest
@@ -156,7 +156,7 @@ def sweep(by="sweep", deadline=None):
     """
     now = timezone.now()
     result = SweepResult(summary=Summary())
-    result.released = verdicts.release_spent_claims(now)
+    result.released = verdicts.release_spent_claims(now, by)
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
     verdicts.repair_statuses(batch)
     run_ids = runs_needing_cleanup(now, batch)

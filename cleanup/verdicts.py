@@ -17,7 +17,18 @@ from django.utils import timezone
 
 from .calls import Outcome
 from .conf import claim_timeout_s, max_revert_attempts, setting
-from .models import LEASE_KIND, STEP_KIND, TERMINAL, UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunLog
+from .models import (
+    LEASE_KIND,
+    STEP_KIND,
+    TERMINAL,
+    UNRESOLVED,
+    Attempt,
+    CleanupStatus,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +67,7 @@ def write(batch, called, by, summaries=None):
     summaries = summaries if summaries is not None else {}
     with transaction.atomic():
         runs = lock_runs(batch.run_ids)
-        entries = _write_rows(batch.token, called, summaries, now)
+        entries = _write_rows(batch.token, called, summaries, now, by)
         for run_id, (_status, remaining) in write_statuses(runs, now).items():
             summary = summaries.setdefault(run_id, Summary())
             summary.remaining = remaining
@@ -66,25 +77,41 @@ def write(batch, called, by, summaries=None):
     return summaries
 
 
-def write_now(token, called, summaries):
+def write_now(token, called, summaries, by=""):
     """Write some verdicts and their log at once, before the rest of the batch (a lease's,
     which the next lease on its target must see); the batch's `write` adds the statuses."""
     now = timezone.now()
     with transaction.atomic():
-        RunLog.objects.bulk_create(_write_rows(token, called, summaries, now))
+        RunLog.objects.bulk_create(_write_rows(token, called, summaries, now, by))
 
 
-def _write_rows(token, called, summaries, now):
-    """Stage and write the rows of ``called`` still held by ``token``; answers their log entries."""
+def _write_rows(token, called, summaries, now, by=""):
+    """Stage and write the rows of ``called`` still held by ``token``, with an `Attempt` for
+    each; answers their log entries."""
     held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
-    changes, entries = _Changes(now), []
+    changes, entries, attempts = _Changes(now), [], []
     for result in called:
         summary = summaries.setdefault(result.group.run_id, Summary())
         entry = _one(result, held, changes, summary, now)
         if entry is not None:
             entries.append(entry)
+            attempts.extend(_attempts(result, held, now, by))
     changes.apply(token)
+    Attempt.objects.bulk_create(attempts)
     return entries
+
+
+def _attempts(result, held, now, by):
+    """Each written row's attempt, for its own history (one insert for the batch)."""
+    verdict = result.verdict
+    for row in result.group.rows:
+        if row.pk not in held:
+            continue
+        outcome, error = str(verdict.outcome), verdict.error
+        if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
+            outcome, error = "failed", f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
+        yield Attempt(resource_id=row.pk, run_id=row.run_id, number=row.revert_attempts, at=now,
+                      outcome=outcome, error=error, by=by or "")
 
 
 def _one(result, held, changes, summary, now):
@@ -263,7 +290,7 @@ def repair_statuses(limit):
     return len(stale)
 
 
-def release_spent_claims(now):
+def release_spent_claims(now, by=""):
     """Claims of dead sweepers with no attempt left become failures a person can see, logged.
 
     Answers how many rows were released.
@@ -276,7 +303,7 @@ def release_spent_claims(now):
         return 0
     with transaction.atomic():
         runs = lock_runs(run_ids)
-        rows = list(spent.select_for_update().order_by("id").only("id", "run_id", "kind", "ref"))
+        rows = list(spent.select_for_update().order_by("id").only("id", "run_id", "kind", "ref", "revert_attempts"))
         Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
             state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=DEAD_CLAIM, updated_at=now
         )
@@ -288,5 +315,6 @@ def release_spent_claims(now):
                    detail={"outcome": "expired", "resources": resources, "error": DEAD_CLAIM})
             for run_id, resources in by_run.items()
         )
+        Attempt.record(rows, "expired", DEAD_CLAIM, by=by, at=now)
         write_statuses(runs, now)
     return len(rows)

@@ -31,6 +31,7 @@ class Row:
     payload: dict
     member_key: str
     revert_attempts: int
+    action: str  # the action that made the row, kept on the row as it outlives its step
 
 
 @dataclass
@@ -199,7 +200,7 @@ def _update_returning(queryset, token, expires, now):
     }
     sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
     params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
-    columns = ("id", "run_id", "step_id", "kind", "ref", "payload", "member_key", "revert_attempts")
+    columns = ("id", "run_id", "step_id", "kind", "ref", "payload", "member_key", "revert_attempts", "action")
     table = connection.ops.quote_name(meta.db_table)
     sql = (
         f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + 1 WHERE {where} "
