@@ -133,33 +133,59 @@ def module_limit(entry):
 
 def _run_concurrently(jobs, deadline):
     """Start the jobs as limits allow, each under its budget; answers their `Called`s."""
-    limit = setting("EVENT_CALL_CONCURRENCY")
-    pending, in_flight, results = list(jobs), {}, []
-    per_module = Counter()
-    wake = threading.Event()
-    while pending or in_flight:
-        wake.clear()
-        for job, (future, expires) in list(in_flight.items()):
-            if future.done() or time.monotonic() >= expires:
-                del in_flight[job]
-                per_module[job.module] -= 1
-                results.append(_verdict_of(job, future))
-        while pending and len(in_flight) < limit:
-            job = next((j for j in pending if per_module[j.module] < j.limit), None)
+    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline)
+    pending = list(jobs)
+    while pending or flight.calls:
+        flight.land()
+        while pending and flight.has_room():
+            job = next((j for j in pending if flight.module_has_room(j)), None)
             if job is None:
                 break
             pending.remove(job)
-            if past(deadline):
-                results.append(Called(job.group, None, job.what))
-                continue
-            future = calls.start(job.fn, what=job.what, **job.kwargs)
-            future.add_done_callback(lambda _f: wake.set())
-            in_flight[job] = (future, time.monotonic() + job.budget_ms / 1000)
-            per_module[job.module] += 1
-        if in_flight:
-            soonest = min(expires for _f, expires in in_flight.values())
-            wake.wait(max(0.0, soonest - time.monotonic()))
-    return results
+            flight.start(job)
+        flight.wait()
+    return flight.results
+
+
+class _Flight:
+    """The calls of a pass in flight: who may start, and which have ended or timed out."""
+
+    def __init__(self, limit, deadline):
+        self.limit, self.deadline = limit, deadline
+        self.calls = {}  # job -> (future, when its budget ends on the monotonic clock)
+        self.per_module = Counter()
+        self.results = []
+        self.woken = threading.Event()
+
+    def has_room(self):
+        return len(self.calls) < self.limit
+
+    def module_has_room(self, job):
+        return self.per_module[job.module] < job.limit
+
+    def start(self, job):
+        if past(self.deadline):
+            self.results.append(Called(job.group, None, job.what))
+            return
+        future = calls.start(job.fn, what=job.what, **job.kwargs)
+        future.add_done_callback(lambda _f: self.woken.set())
+        self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
+        self.per_module[job.module] += 1
+
+    def land(self):
+        """Take in the calls that answered or ran out of budget (a call past its budget
+        no longer counts against the limits: the pass does not wait for it)."""
+        self.woken.clear()
+        for job, (future, expires) in list(self.calls.items()):
+            if future.done() or time.monotonic() >= expires:
+                del self.calls[job]
+                self.per_module[job.module] -= 1
+                self.results.append(_verdict_of(job, future))
+
+    def wait(self):
+        if self.calls:
+            soonest = min(expires for _future, expires in self.calls.values())
+            self.woken.wait(max(0.0, soonest - time.monotonic()))
 
 
 def _verdict_of(job, future):

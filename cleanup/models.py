@@ -4,10 +4,9 @@ State changes that two workers may race on are conditional UPDATEs on these quer
 the filter says which state the row must still be in, and the row count says who won.
 """
 
-from datetime import timedelta
 
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from .conf import ATTEMPTS_CEILING
@@ -163,21 +162,6 @@ class ResourceQuerySet(models.QuerySet):
     def hurry(self, now, max_attempts):
         """A person's "now": the waiting rows are claimable at once; their counters stay."""
         return self.waiting_for_backoff(now, max_attempts).update(next_attempt_at=None, updated_at=now)
-
-    def claim(self, ids, token, now, timeout_s, max_attempts):
-        """Take the rows in `ids` that are still claimable; the count says how many.
-
-        Each claim counts one attempt. Taking over an abandoned claim counts another and
-        keeps the one the dead sweeper spent, so a module that kills its caller cannot
-        be retried for ever.
-        """
-        return self.filter(pk__in=ids).claimable(now, max_attempts).update(
-            state=ResourceState.REVERTING,
-            claim_token=token,
-            claim_expires_at=now + timedelta(seconds=timeout_s),
-            revert_attempts=F("revert_attempts") + 1,
-            updated_at=now,
-        )
 
     def resolve_logged(self, condition, state, error, log_kind, **detail):
         """Resolve the rows of this queryset that still match ``condition``, and log each.

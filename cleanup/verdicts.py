@@ -234,8 +234,26 @@ def lock_runs(run_ids):
 
 def write_statuses(runs, now):
     """Set each locked run's cleanup status from its rows; answers ``{id: (status, unresolved)}``."""
+    counted = _counts(list(runs))
+    answer, changed = {}, {}
+    for run_id, (auto_cleanup, current) in runs.items():
+        counts = counted.get(run_id, {"total": 0, "unresolved": 0, "retryable": 0})
+        status = _status(counts, auto_cleanup)
+        if status != current:
+            changed.setdefault(status, []).append(run_id)
+        answer[run_id] = (status, counts["unresolved"])
+    if changed:
+        whens = [When(pk__in=ids, then=Value(status.value)) for status, ids in changed.items()]
+        Run.objects.filter(pk__in=[i for ids in changed.values() for i in ids]).update(
+            cleanup_status=Case(*whens, default=F("cleanup_status")), updated_at=now
+        )
+    return answer
+
+
+def _counts(run_ids):
+    """Rows, unresolved rows and rows the sweep will still try, per run: one query."""
     counts = (
-        Resource.objects.filter(run_id__in=list(runs))
+        Resource.objects.filter(run_id__in=run_ids)
         .values("run_id")
         .annotate(
             total=Count("id"),
@@ -244,25 +262,16 @@ def write_statuses(runs, now):
         )
         .order_by()
     )
-    counted = {c["run_id"]: c for c in counts}
-    answer, changed = {}, {}
-    for run_id, (auto_cleanup, current) in runs.items():
-        c = counted.get(run_id, {"total": 0, "unresolved": 0, "retryable": 0})
-        if c["unresolved"] == 0:
-            status = CleanupStatus.COMPLETE if c["total"] else CleanupStatus.NOT_REQUIRED
-        elif auto_cleanup and c["retryable"]:
-            status = CleanupStatus.PENDING
-        else:
-            status = CleanupStatus.INCOMPLETE
-        if status != current:
-            changed.setdefault(status, []).append(run_id)
-        answer[run_id] = (status, c["unresolved"])
-    if changed:
-        whens = [When(pk__in=ids, then=Value(status.value)) for status, ids in changed.items()]
-        Run.objects.filter(pk__in=[i for ids in changed.values() for i in ids]).update(
-            cleanup_status=Case(*whens, default=F("cleanup_status")), updated_at=now
-        )
-    return answer
+    return {c["run_id"]: c for c in counts}
+
+
+def _status(counts, auto_cleanup):
+    """Rule 5: complete when nothing is unresolved, pending while anything is retryable."""
+    if counts["unresolved"] == 0:
+        return CleanupStatus.COMPLETE if counts["total"] else CleanupStatus.NOT_REQUIRED
+    if auto_cleanup and counts["retryable"]:
+        return CleanupStatus.PENDING
+    return CleanupStatus.INCOMPLETE
 
 
 def refresh_statuses(run_ids):
@@ -307,14 +316,17 @@ def release_spent_claims(now, by=""):
         Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
             state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=DEAD_CLAIM, updated_at=now
         )
-        by_run = {}
-        for row in rows:
-            by_run.setdefault(row.run_id, []).append(f"{row.kind}:{row.ref}")
-        RunLog.objects.bulk_create(
-            RunLog(run_id=run_id, kind="cleanup.failed", at=now,
-                   detail={"outcome": "expired", "resources": resources, "error": DEAD_CLAIM})
-            for run_id, resources in by_run.items()
-        )
+        RunLog.objects.bulk_create(_expired_entries(rows, now))
         Attempt.record(rows, "expired", DEAD_CLAIM, by=by, at=now)
         write_statuses(runs, now)
     return len(rows)
+
+
+def _expired_entries(rows, now):
+    """One ``cleanup.failed`` entry per run, naming its rows whose sweeper died."""
+    by_run = {}
+    for row in rows:
+        by_run.setdefault(row.run_id, []).append(f"{row.kind}:{row.ref}")
+    for run_id, resources in by_run.items():
+        detail = {"outcome": "expired", "resources": resources, "error": DEAD_CLAIM}
+        yield RunLog(run_id=run_id, kind="cleanup.failed", at=now, detail=detail)

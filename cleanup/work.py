@@ -176,6 +176,12 @@ def claim(run_ids, token, *, skip_locked=True, per_run=None):
 
 
 def _claim_rows(run_ids, groups, token, now):
+    """Claim the groups' rows that are still claimable; answers the rows taken.
+
+    Each claim counts one attempt. Taking over an abandoned claim counts another and
+    keeps the one the dead sweeper spent, so a module that kills its caller cannot be
+    retried for ever.
+    """
     steps = [g.key for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
     wanted = Q(pk__in=alone) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
