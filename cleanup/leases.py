@@ -176,7 +176,7 @@ def hand_down(run_id, row, token, choose):
         if heir is None:
             return None
         # A newer lease held by another sweeper is being restored; one claimed by this
-        # same batch is worked after this one, and reads the baseline then.
+        # same batch waits for its turn in this pass and reads the baseline then.
         held_elsewhere = heir.claim_token != token and heir.claim_expires_at and heir.claim_expires_at > timezone.now()
         if heir.state == ResourceState.REVERTING and held_elsewhere:
             return Verdict.retry(
