@@ -14,6 +14,7 @@ the process dies the claim simply expires, as any dead sweeper's does.
 """
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -251,6 +252,17 @@ def _held_rows(holds):
     for hold in holds:
         condition |= hold.selector & Q(claim_token=hold.token)
     return Resource.objects.filter(condition, state=ResourceState.FAILED)
+
+
+def _after_fork():
+    # A forked process holds none of its parent's calls, and has no keeper yet.
+    global _holds_lock, _keeper
+    _holds.clear()
+    _holds_lock = threading.Lock()
+    _keeper = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _keep():

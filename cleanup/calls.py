@@ -8,6 +8,7 @@ shape the contract promises.
 
 import enum
 import logging
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -84,6 +85,16 @@ class _Workers:
 
 
 _workers = _Workers()
+
+
+def _after_fork():
+    # A forked process (a django-q2 worker) inherits the pool's counts but none of its
+    # threads: it starts with a pool of its own.
+    global _workers
+    _workers = _Workers()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def start(fn, *, what, **kwargs):

@@ -1,5 +1,6 @@
 """A pass makes its groups' calls concurrently, within the pass's and each module's limit."""
 
+import os
 import threading
 import time
 
@@ -97,3 +98,17 @@ def test_it_refuses_a_max_concurrency_that_is_not_a_positive_whole_number(value)
     action.max_concurrency = value
     with pytest.raises(RegistryError, match="max_concurrency"):
         registry.register_action(action)
+
+
+def test_a_forked_worker_process_makes_calls_with_a_pool_of_its_own():
+    # A django-q2 cluster forks its workers from a process that may have made calls.
+    assert calls.call(lambda: {"ok": True}, budget_ms=2000, what="parent").raw == {"ok": True}
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        answer = calls.call(lambda: {"ok": True}, budget_ms=2000, what="child")
+        os.write(write, b"answered" if answer.raw == {"ok": True} else b"timed out")
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 20) == b"answered"
