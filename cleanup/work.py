@@ -8,8 +8,9 @@ UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and 
 the rows as the module calls need them, so nothing is read twice.
 """
 
+import functools
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
 from django.db.models import Case, F, IntegerField, Max, Min, Q, Value, When
@@ -81,8 +82,23 @@ def runs_needing_cleanup(now, limit):
     of ``finder_owing_run_idx`` visits each run that still owes something once, so the
     cost follows the runs with work, not the ledger's history.
     """
+    sql, params = _finder_sql(connection.alias, max_revert_attempts())
+    at = connection.ops.adapt_datetimefield_value(now)
+    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [at if p == sentinel else p for p in params] + [limit])
+        return [run_id for (run_id,) in cursor.fetchall()]
+
+
+# The finder's SQL is built once per database and ceiling, with this in place of "now".
+_SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=16)
+def _finder_sql(alias, max_attempts):
+    """The skip scan, its WHERE clauses compiled from the querysets that own the rules."""
     owing_sql, owing_params = _where(Resource.objects.filter(state__in=OWING, retryable=True))
-    claimable_sql, claimable_params = _where(Resource.objects.claimable(now, max_revert_attempts()))
+    claimable_sql, claimable_params = _where(Resource.objects.claimable(_SENTINEL, max_attempts))
     resource, run = (connection.ops.quote_name(t) for t in (Resource._meta.db_table, Run._meta.db_table))
     statuses = ", ".join(["%s"] * len(TERMINAL))
     sql = f"""
@@ -97,10 +113,7 @@ def runs_needing_cleanup(now, limit):
           AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = owing.run_id AND {claimable_sql})
         LIMIT %s
     """
-    params = [*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params, limit]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [run_id for (run_id,) in cursor.fetchall()]
+    return sql, (*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params)
 
 
 def _where(queryset):
