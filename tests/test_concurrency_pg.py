@@ -61,7 +61,7 @@ def test_two_sweeper_processes_revert_each_row_exactly_once(tmp_path):
 
     # One run per batch, and calls slow enough that the second process starts while the
     # first still has runs to take: a batch claims all its runs' groups at once.
-    sweepers = [start_sweeper(calls_file, "--delay", "0.3", EVENT_CLEANUP_RUN_BATCH="1") for _ in range(2)]
+    sweepers = [start_sweeper(calls_file, "--delay", "1", EVENT_CLEANUP_RUN_BATCH="1") for _ in range(2)]
     for proc in sweepers:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
