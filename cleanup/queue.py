@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 TICK = "cleanup.tasks.tick_task"
 SWEEP = "cleanup.tasks.sweep_task"
 CLEANUP_RUN = "cleanup.tasks.cleanup_run_task"
+CLEANUP_RUNS = "cleanup.tasks.cleanup_runs_task"
 RECONCILE = "cleanup.tasks.reconcile_task"
 STARTUP = "cleanup.tasks.startup_task"
 
@@ -38,6 +39,10 @@ def enqueue(func, *args, **kwargs):
 
 def queue_cleanup(run_id, actor=None):
     enqueue(CLEANUP_RUN, run_id, actor=actor, task_name=f"cleanup run {run_id}")
+
+
+def queue_cleanups(run_ids, actor=None):
+    enqueue(CLEANUP_RUNS, list(run_ids), actor=actor, task_name=f"cleanup {len(run_ids)} runs")
 
 
 def queue_sweep():

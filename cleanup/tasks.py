@@ -11,7 +11,15 @@ from django.db import transaction
 
 # The queueing helpers live in `cleanup.queue`, which the engine uses too; the surfaces
 # that queue work (the API, the admin) may keep importing them from here.
-from .queue import TICK, queue_cleanup, queue_reconcile, queue_startup, queue_sweep, queue_tick  # noqa: F401
+from .queue import (  # noqa: F401
+    TICK,
+    queue_cleanup,
+    queue_cleanups,
+    queue_reconcile,
+    queue_startup,
+    queue_sweep,
+    queue_tick,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +30,9 @@ SCHEDULE_FUNC = TICK
 def tick_task():
     from .runner import tick
 
-    return tick(by="tick task").line()
+    line = tick(by="tick task").line()
+    _notice()
+    return line
 
 
 def sweep_task():
@@ -36,6 +46,7 @@ def sweep_task():
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")))
     if result.full:
         queue_sweep()
+    _notice()
     return result.line()
 
 
@@ -49,7 +60,27 @@ def cleanup_run_task(run_id, actor=None):
     summary = cleanup_run(run, by=actor or "queue")
     if summary.more:
         queue_cleanup(run_id, actor=actor)
+    _notice()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
+
+
+def cleanup_runs_task(run_ids, actor=None):
+    """Several runs a person retried at once: one pass each, a moment apart (`clean_in_turn`)."""
+    from .manual import clean_in_turn
+
+    done = clean_in_turn(run_ids, actor)
+    _notice()
+    return f"cleaned {done} run(s) in turn"
+
+
+def _notice():
+    """Tell staff what changed (cleanup.alerts); never lets a mail or webhook fail the task."""
+    from .alerts import notice
+
+    try:
+        notice()
+    except Exception:
+        logger.exception("could not send the cleanup alerts; the next tick tries again")
 
 
 def reconcile_task(module=None, restarted=False):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0003_resource_action_column'),
+        ('cleanup', '0004_admin_alerts_waivers'),
     ]
 
     operations = [
