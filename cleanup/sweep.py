@@ -54,13 +54,13 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     return summary
 
 
-def run_batch(run_ids, *, by, deadline=None, skip_locked=True):
+def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None):
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, more)``.
 
     ``more`` is true when the batch stopped at a bound (groups per run, or the time
     budget) with work left behind.
     """
-    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked)
+    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit)
     if not batch.groups:
         return {}, batch.more
     summaries, called = {}, []
@@ -129,11 +129,12 @@ def sweep(by="sweep", deadline=None):
     result.released = verdicts.release_spent_claims(now, by)
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
     verdicts.repair_statuses(batch)
-    run_ids = runs_needing_cleanup(now, batch)
-    result.full = len(run_ids) >= batch
+    # Twice the batch as candidates: runs other sweepers are claiming are passed over.
+    run_ids = runs_needing_cleanup(now, 2 * batch)
+    result.full = len(run_ids) > batch
     if run_ids and not past(deadline):
         try:
-            summaries, more = run_batch(run_ids, by=by, deadline=deadline)
+            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch)
         except Exception:
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)

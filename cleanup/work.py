@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, F, IntegerField, Max, Min, Q, Value, When
+from django.db.models import Case, Exists, F, IntegerField, Max, Min, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from .conf import claim_timeout_s, max_revert_attempts, setting
@@ -122,18 +122,22 @@ def _where(queryset):
     return query.get_compiler(connection=connection).compile(query.where)
 
 
-def take_runs(run_ids, skip_locked):
-    """Lock the terminal runs among ``run_ids`` for the caller's transaction, oldest first.
+def take_runs(run_ids, now, skip_locked, limit=None):
+    """Lock up to ``limit`` terminal runs among ``run_ids`` that still have rows to claim,
+    oldest first, for the caller's transaction.
 
     With ``skip_locked`` a run another sweeper is claiming right now is passed over
-    rather than waited for.
+    rather than waited for, and the next candidate is taken instead; one whose rows a
+    sweeper claimed since the finder looked is passed over too.
     """
-    return list(
+    claimable = Resource.objects.filter(run=OuterRef("pk")).claimable(now, max_revert_attempts())
+    runs = (
         Run.objects.select_for_update(skip_locked=skip_locked)
-        .filter(pk__in=run_ids, status__in=TERMINAL)
+        .filter(Exists(claimable), pk__in=run_ids, status__in=TERMINAL)
         .order_by("id")
         .values_list("id", flat=True)
     )
+    return list(runs[:limit] if limit else runs)
 
 
 def plan(run_ids, now, per_run):
@@ -173,16 +177,17 @@ def _group(head):
     return Group("step", head["step_id"], head["run_id"], head["step__action_id"], head["step__idempotency_key"])
 
 
-def claim(run_ids, token, *, skip_locked=True, per_run=None):
-    """Claim the first groups of the runs among ``run_ids`` that no one else is claiming.
+def claim(run_ids, token, *, skip_locked=True, limit=None):
+    """Claim the first groups of up to ``limit`` runs among ``run_ids`` that no one else
+    is claiming.
 
     One transaction: the runs are locked, their groups read, and every group claimed by
     one conditional UPDATE that returns the rows it took.
     """
     now = timezone.now()
-    per_run = per_run or setting("EVENT_CLEANUP_GROUPS_PER_RUN")
+    per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")
     with transaction.atomic():
-        taken = take_runs(run_ids, skip_locked)
+        taken = take_runs(run_ids, now, skip_locked, limit)
         groups, more = plan(taken, now, per_run) if taken else ([], False)
         rows = _claim_rows(taken, groups, token, now) if groups else []
     return Batch(token, _attach(groups, rows), more)
