@@ -216,3 +216,12 @@ def drive_until_settled(workers, timeout, *, halts=(), concurrency=1):
             running.append((workers.sweeper("--forever", halt=halt), halt))
         assert time.monotonic() < deadline, f"not settled after {timeout} s; halts left {halts}"
         time.sleep(0.05)
+
+
+def stopped(proc):
+    """Has the process stopped itself (SIGSTOP)?"""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+    except FileNotFoundError:
+        return False

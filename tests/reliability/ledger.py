@@ -24,6 +24,20 @@ def ended_runs(runs, steps, rows, prefix="orc", status=RunStatus.COMPLETED, atte
     return made
 
 
+def run_of_steps(prefixes, rows=1, status=RunStatus.COMPLETED, attempts=0):
+    """One ended run with a `rel.spawn` step per prefix; its rows' refs start with that prefix."""
+    run = Run.objects.create(name="poisoned raid", status=status, cleanup_status="pending")
+    for position, prefix in enumerate(prefixes):
+        step = Step.objects.create(run=run, position=position, action_id="rel.spawn",
+                                   idempotency_key=f"k{uuid.uuid4().hex[:16]}", status="done")
+        Resource.objects.bulk_create(
+            Resource(run=run, step=step, module="rel", kind="creature", ref=f"{prefix}-{step.idempotency_key}-{i}",
+                     payload={"action": "rel.spawn"}, revert_attempts=attempts)
+            for i in range(rows)
+        )
+    return run
+
+
 def lease_row(run, target, baseline, applied):
     return Resource.objects.create(
         run=run, module="rel", kind=LEASE_KIND, ref=registry.lease_ref("rel.rate", target),

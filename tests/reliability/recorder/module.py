@@ -66,7 +66,11 @@ class Spawn(registry.Action):
         halt.reached("before_call")
         call = Call("revert", idempotency_key, refs)
         halt.reached("during_call")
-        refused = _behave(refs)
+        try:
+            refused = _behave(refs)
+        except Exception:
+            call.end({"ok": False})
+            raise
         return call.end(refused or {"ok": True, "failed": []})
 
 
