@@ -225,3 +225,17 @@ def stopped(proc):
             return stat.read().rsplit(")", 1)[1].split()[0] == "T"
     except FileNotFoundError:
         return False
+
+
+def stop_then_take_over(workers, **stale_env):
+    """A sweeper stops after its module answered; once its claim expired, another sweeps."""
+    stale = workers.sweeper(halt="stop:after_answer:1", **stale_env)
+    workers.wait_until(lambda: stopped(stale), timeout=60, what="the sweeper to stop after its answer")
+    time.sleep(CLAIM_TIMEOUT_S + 0.5)
+    assert workers.wait(workers.sweeper(), timeout=60) == 0
+    return stale
+
+
+def resume(workers, stale):
+    os.kill(stale.pid, signal.SIGCONT)
+    assert workers.wait(stale, timeout=60) == 0, stale.stderr.read()

@@ -1,31 +1,14 @@
 """A sweeper stopped past its claim timeout, then resumed: its stale verdict changes nothing."""
 
 import json
-import os
-import signal
-import time
 
 import pytest
 
 from cleanup.models import Resource, ResourceState, Run, RunStatus
-from tests.reliability.harness import CLAIM_TIMEOUT_S, PG_PROCESSES, stopped
+from tests.reliability.harness import PG_PROCESSES, resume, stop_then_take_over
 from tests.reliability.ledger import ended_runs, lease_row
 
 pytestmark = PG_PROCESSES
-
-
-def stop_then_take_over(workers, **stale_env):
-    """A sweeper stops after its module answered; once its claim expired, another sweeps."""
-    stale = workers.sweeper(halt="stop:after_answer:1", **stale_env)
-    workers.wait_until(lambda: stopped(stale), timeout=60, what="the sweeper to stop after its answer")
-    time.sleep(CLAIM_TIMEOUT_S + 0.5)
-    assert workers.wait(workers.sweeper(), timeout=60) == 0
-    return stale
-
-
-def resume(workers, stale):
-    os.kill(stale.pid, signal.SIGCONT)
-    assert workers.wait(stale, timeout=60) == 0, stale.stderr.read()
 
 
 def test_it_lets_no_stale_verdict_overwrite_the_rows_of_a_newer_claim(workers):
