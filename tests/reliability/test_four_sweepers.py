@@ -8,7 +8,7 @@ pytestmark = PG_PROCESSES
 
 
 def test_it_gives_back_2000_rows_with_four_sweepers_and_no_two_calls_at_once_for_a_ref(workers):
-    ended_runs(runs=200, steps=2, rows=5)
+    ended_runs(runs=200, steps=1, rows=10)
     assert Resource.objects.count() == 2000
 
     sweepers = [workers.sweeper(RELIABILITY_DELAY="0.003") for _ in range(4)]
