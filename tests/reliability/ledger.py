@@ -17,7 +17,7 @@ def ended_runs(runs, steps, rows, prefix="orc", status=RunStatus.COMPLETED, atte
     )
     Resource.objects.bulk_create(
         Resource(run_id=step.run_id, step=step, module="rel", kind="creature",
-                 ref=f"{prefix}-{step.idempotency_key}-{i}", payload={"action": "rel.spawn"},
+                 ref=f"{prefix}-{step.idempotency_key}-{i}", action="rel.spawn",
                  revert_attempts=attempts)
         for step in made_steps for i in range(rows)
     )
@@ -32,7 +32,7 @@ def run_of_steps(prefixes, rows=1, status=RunStatus.COMPLETED, attempts=0):
                                    idempotency_key=f"k{uuid.uuid4().hex[:16]}", status="done")
         Resource.objects.bulk_create(
             Resource(run=run, step=step, module="rel", kind="creature", ref=f"{prefix}-{step.idempotency_key}-{i}",
-                     payload={"action": "rel.spawn"}, revert_attempts=attempts)
+                     action="rel.spawn", revert_attempts=attempts)
             for i in range(rows)
         )
     return run
@@ -41,5 +41,5 @@ def run_of_steps(prefixes, rows=1, status=RunStatus.COMPLETED, attempts=0):
 def lease_row(run, target, baseline, applied):
     return Resource.objects.create(
         run=run, module="rel", kind=LEASE_KIND, ref=registry.lease_ref("rel.rate", target),
-        payload={"baseline": baseline, "applied": applied, "action": "core.lease"},
+        action="core.lease", payload={"baseline": baseline, "applied": applied},
     )

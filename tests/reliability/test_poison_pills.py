@@ -52,6 +52,7 @@ def test_it_never_calls_a_hanging_pill_again_while_its_call_still_runs(workers):
         workers.wait_until(lambda seen=seen: hang_calls() > seen, timeout=CLAIM_TIMEOUT_S + 15,
                            what="the next call of the hanging pill")
         time.sleep(CLAIM_TIMEOUT_S + 1.5)
+        assert workers.overlaps() == [], "the hanging pill was called again while its call still ran"
         proc.kill()
         workers.wait(proc)
     drive_until_settled(workers, timeout=60)
