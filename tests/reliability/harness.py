@@ -59,12 +59,21 @@ class Workers:
         return env
 
     def start(self, *args, module="tests.reliability.sweeper", **env):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=settings.BASE_DIR, env=self.env(**env),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
+        # Output goes to a file: a pipe nobody reads fills up and blocks a chatty cluster.
+        log = self.calls.with_name(f"process-{len(self.procs)}.log")
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args], cwd=settings.BASE_DIR, env=self.env(**env),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        proc.log = log
         self.procs.append(proc)
         return proc
+
+    @staticmethod
+    def output(proc):
+        """The last lines a process wrote, to explain its end."""
+        return "\n".join(proc.log.read_text().splitlines()[-30:])
 
     def sweeper(self, *args, halt=None, **env):
         if halt:
@@ -105,8 +114,6 @@ class Workers:
             except subprocess.TimeoutExpired:
                 pass
             self.died.setdefault(proc.pid, time.time())
-            if proc.stderr:
-                proc.stderr.close()
 
     def read_calls(self):
         """Every recorded call: verb, key, refs, pid, start, end (None: it never answered)."""
@@ -199,7 +206,7 @@ def drive_until_settled(workers, timeout, *, halts=(), concurrency=1):
         for proc, halt in list(running):
             if not workers.alive(proc):
                 running.remove((proc, halt))
-                assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+                assert proc.returncode == -signal.SIGKILL, workers.output(proc)
                 killed.append(halt)
 
     while True:
@@ -238,4 +245,4 @@ def stop_then_take_over(workers, **stale_env):
 
 def resume(workers, stale):
     os.kill(stale.pid, signal.SIGCONT)
-    assert workers.wait(stale, timeout=60) == 0, stale.stderr.read()
+    assert workers.wait(stale, timeout=60) == 0, workers.output(stale)

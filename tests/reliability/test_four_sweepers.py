@@ -13,7 +13,7 @@ def test_it_gives_back_2000_rows_with_four_sweepers_and_no_two_calls_at_once_for
 
     sweepers = [workers.sweeper(RELIABILITY_DELAY="0.003") for _ in range(4)]
     for proc in sweepers:
-        assert workers.wait(proc, timeout=150) == 0, proc.stderr.read()
+        assert workers.wait(proc, timeout=150) == 0, workers.output(proc)
 
     assert workers.overlaps() == []
     calls = workers.read_calls()
