@@ -16,6 +16,7 @@ itself is not patched and may change its inside freely.
 """
 
 import os
+import re
 import signal
 import threading
 from collections import Counter
@@ -54,21 +55,31 @@ def answered():
     _state["answered"] = True
 
 
+_WHERE = re.compile(r"\bwhere\b", re.IGNORECASE)
+_STATE = re.compile(r'(?:^|[\s,."])state"?\s*=\s*', re.IGNORECASE)
+
+
 def _is_verdict(sql, params):
-    """An UPDATE of ledger rows whose SET puts them in a verdict's state (not a claim's)."""
+    """An UPDATE of ledger rows whose SET moves them to a verdict's state (not a claim's).
+
+    Reads Django's SQL (``"state" = %s``) and hand-written SQL (``state = 'reverted'``,
+    ``state = v.state``) alike; a SET that names the claim's state is a claim.
+    """
     text = sql.lstrip()
     if not (text[:6].lower() == "update" and "cleanup_resource" in text):
         return False
-    assignments = text.split(" WHERE ", 1)[0]
-    marker = '"state" = '
-    at = assignments.find(marker)
-    if at < 0:
+    assignments = _WHERE.split(text, 1)[0]
+    match = _STATE.search(assignments.split(" SET ", 1)[-1] if " SET " in assignments else assignments)
+    if match is None:
         return False
-    value = assignments[at + len(marker):].lstrip()
+    offset = assignments.find(match.group(0))
+    value = assignments[offset + len(match.group(0)):].lstrip()
     if value.startswith("%s"):
-        index = assignments[:at].count("%s")
+        index = assignments[:offset].count("%s")
         return isinstance(params, list | tuple) and len(params) > index and params[index] in VERDICT_STATES
-    return any(value.startswith(f"'{s}'") for s in VERDICT_STATES)
+    if value.startswith("'"):
+        return any(value.startswith(f"'{s}'") for s in VERDICT_STATES)
+    return "reverting" not in assignments and "reverting" not in [str(p) for p in (params or ())]
 
 
 def _wrapper(execute, sql, params, many, context):
