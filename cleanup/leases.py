@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from . import calls, registry
 from .calls import Outcome, Verdict
-from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState, RunLog
+from .models import LEASE_KIND, UNRESOLVED, Attempt, Resource, ResourceState, RunLog
 
 # What `give_back_lease` answers when the lease handed its baseline down and its row is
 # already resolved.
@@ -151,6 +151,7 @@ def hand_down(run, row, token, choose):
             # Our claim was taken over: leave the other rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")
+        Attempt.record([row], "done", f"handed its baseline down to row {heir.pk}")
         RunLog.write(
             run.pk,
             "cleanup.reverted",

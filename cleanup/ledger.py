@@ -3,8 +3,8 @@
 The order is the point. A step writes its placeholder before it performs, so a worker
 that dies mid-perform still leaves a row the sweep will give back (by the step's
 idempotency key); a lease is reserved before it is applied, so a crash between the two
-still restores the baseline. Each row keeps the action id in its payload because a row
-outlives its step.
+still restores the baseline. Each row keeps the action id in its own column because a
+row outlives its step; an action row's payload is the module's, stored as it answered.
 """
 
 from django.db import transaction
@@ -23,7 +23,7 @@ def write_placeholder(step, module):
             "run_id": step.run_id,
             "module": module,
             "ref": step.idempotency_key,
-            "payload": {"action": step.action_id, "idempotency_key": step.idempotency_key},
+            "action": step.action_id,
         },
     )
     return placeholder
@@ -49,8 +49,6 @@ def record_resources(step, module, resources):
             if (item["kind"], item["ref"]) in known:
                 continue
             known.add((item["kind"], item["ref"]))
-            payload = dict(item.get("payload") or {})
-            payload.setdefault("action", step.action_id)
             rows.append(
                 Resource(
                     run_id=step.run_id,
@@ -59,7 +57,8 @@ def record_resources(step, module, resources):
                     kind=item["kind"],
                     ref=item["ref"],
                     member_key=item.get("member_key") or "",
-                    payload=payload,
+                    action=step.action_id,
+                    payload=dict(item.get("payload") or {}),
                     created_at=now,
                     updated_at=now,
                 )
@@ -79,7 +78,8 @@ def reserve_lease(step, lease, target, baseline, applied):
         module=lease.module,
         kind=LEASE_KIND,
         ref=registry.lease_ref(lease.id, target),
-        payload={"baseline": baseline, "applied": applied, "action": step.action_id, "confirmed": False},
+        action=step.action_id,
+        payload={"baseline": baseline, "applied": applied, "confirmed": False},
         state=ResourceState.LIVE,
     )
 

@@ -145,6 +145,16 @@ class ResourceQuerySet(models.QuerySet):
             | Q(state=ResourceState.REVERTING)
         )
 
+    def waiting_for_backoff(self, now, max_attempts):
+        """Rows the sweep will try again, but not before their backoff has passed."""
+        return self.filter(
+            state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts, next_attempt_at__gt=now
+        )
+
+    def hurry(self, now, max_attempts):
+        """A person's "now": the waiting rows are claimable at once; their counters stay."""
+        return self.waiting_for_backoff(now, max_attempts).update(next_attempt_at=None, updated_at=now)
+
     def claim(self, ids, token, now, timeout_s, max_attempts):
         """Take the rows in `ids` that are still claimable; the count says how many.
 
@@ -184,18 +194,22 @@ class ResourceQuerySet(models.QuerySet):
         return self.filter(state=ResourceState.REVERTING, claim_token=token)
 
     def release_expired_at_ceiling(self, now, max_attempts):
-        """Abandoned claims with no attempt left become visible failures, not limbo."""
-        return self.filter(
-            state=ResourceState.REVERTING,
-            claim_expires_at__lt=now,
-            revert_attempts__gte=max_attempts,
-        ).update(
-            state=ResourceState.FAILED,
-            claim_token=None,
-            claim_expires_at=None,
-            last_error="the sweeper that claimed this stopped before it had an answer",
-            updated_at=now,
-        )
+        """Abandoned claims with no attempt left become visible failures, not limbo.
+
+        Answers the rows released, each with an `Attempt` saying why.
+        """
+        error = "the sweeper that claimed this stopped before it had an answer"
+        with transaction.atomic():
+            rows = list(
+                self.select_for_update(skip_locked=True)
+                .filter(state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_attempts)
+                .order_by("id")
+            )
+            Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
+                state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=error, updated_at=now
+            )
+            Attempt.record(rows, "expired", error, by="sweep", at=now)
+        return rows
 
 
 class Resource(models.Model):
@@ -207,6 +221,10 @@ class Resource(models.Model):
     kind = models.CharField(max_length=100)
     ref = models.CharField(max_length=500)
     member_key = models.CharField(max_length=200, blank=True, default="")
+    # The action that made the row, kept by the engine because a row outlives its step.
+    # Apart from the payload, which belongs to the module (a lease row's payload, with
+    # its baseline and applied value, is the engine's: no module sees it).
+    action = models.CharField(max_length=200, blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
     state = models.CharField(
         max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE
@@ -286,11 +304,51 @@ class Resource(models.Model):
 
     @property
     def action_id(self):
-        """The action that made this row: its step's, else the one its payload keeps."""
+        """The action that made this row: its step's, else the one the row keeps."""
         if self.step_id is not None and self.step is not None:
             return self.step.action_id
-        payload = self.payload if isinstance(self.payload, dict) else {}
-        return payload.get("action") or None
+        return self.action or None
+
+
+class Attempt(models.Model):
+    """One attempt to give a row back and what came of it: a row's history, read by row.
+
+    Written in the same transaction as the verdict it records, and only for rows whose
+    verdict was written (a sweeper whose claim was taken over records nothing).
+    """
+
+    resource = models.ForeignKey(Resource, on_delete=models.CASCADE, related_name="attempts")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    number = models.PositiveIntegerField()  # the row's revert_attempts for this attempt
+    at = models.DateTimeField(default=timezone.now)
+    # done, failed (a ref the module listed as not given back), drifted, retry, terminal,
+    # expired (the sweeper that claimed it stopped before it had an answer)
+    outcome = models.CharField(max_length=16)
+    error = models.TextField(blank=True, default="")
+    by = models.CharField(max_length=100, blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            # The admin's row page: a row's attempts, newest first.
+            models.Index(fields=["resource", "-at"], name="attempt_resource_at_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.resource_id} #{self.number} {self.outcome}"
+
+    @classmethod
+    def record(cls, rows, outcome, error="", by="", at=None, numbers=None):
+        """One entry per row, in one insert. ``numbers`` maps row id to its attempt number."""
+        at = at or timezone.now()
+        numbers = numbers or {}
+        cls.objects.bulk_create(
+            cls(
+                resource_id=r.pk, run_id=r.run_id, number=numbers.get(r.pk, r.revert_attempts),
+                at=at, outcome=outcome, error=error, by=by or "",
+            )
+            for r in rows
+        )
 
 
 class RunLog(models.Model):

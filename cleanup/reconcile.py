@@ -156,6 +156,7 @@ def _resurrect(name):
                     kind=row.kind,
                     ref=row.ref,
                     member_key=row.member_key,
+                    action=row.action,
                     payload=row.payload,
                     resurrected_from=row,
                 )

@@ -58,7 +58,15 @@ class Action:
     before it could record what it made, so a module should give back whatever it made
     under that key. It answers ``{"ok": True, "failed": [refs]}``: every ref not in
     ``failed`` is taken as given back, and a thing that was already gone counts as given
-    back. ``failed`` may name only refs of the list.
+    back. ``failed`` may name only refs of the list. When what it would give back was
+    changed by somebody else (a player tamed the creature), it may answer ``{"ok": False,
+    "drifted": True, "current": value}``: every row of the call is then left alone as
+    ``drifted`` for a person, never retried automatically; for one thing among many,
+    prefer naming it in ``failed``. The step's ``step`` placeholder row is never in the
+    list; ``idempotency_key`` is the step's key (for a row whose step was deleted, the
+    ``idempotency_key`` of the row's payload when the module put one there, else its ref).
+    A row's ``payload`` and ``member_key`` are handed back exactly as ``perform`` answered
+    them: the engine keeps its own data (the action that made the row) apart.
 
     ``reconcile(*, run_id, resources)`` (optional) answers which of the listed resources
     are still in the world: ``{"ok": True, "in_force": [refs]}``. Refs left out are

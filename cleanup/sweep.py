@@ -30,6 +30,7 @@ from .models import (
     STEP_KIND,
     TERMINAL,
     UNRESOLVED,
+    Attempt,
     CleanupStatus,
     Resource,
     ResourceState,
@@ -222,6 +223,10 @@ def apply_verdict(run, rows, token, verdict, what, summary):
 def _apply_verdict(run, rows, token, verdict, what, summary):
     now = timezone.now()
     held = Resource.objects.held_by(token)
+    # Lock what is still ours: the writes below then land on exactly these rows, and the
+    # attempts recorded are theirs.
+    mine = set(held.select_for_update().filter(pk__in=[r.pk for r in rows]).values_list("id", flat=True))
+    rows = [r for r in rows if r.pk in mine]
     release = {"claim_token": None, "claim_expires_at": None, "updated_at": now}
     ids = [r.pk for r in rows]
     if verdict.outcome == Outcome.DONE:
@@ -250,6 +255,7 @@ def _apply_verdict(run, rows, token, verdict, what, summary):
     if not written:
         logger.warning("the verdict on %s for run %s came after its claim was taken over", what, run.pk)
         return
+    _record_attempts(rows, verdict, what, now)
     detail = {
         "what": what,
         "outcome": str(verdict.outcome),
@@ -263,6 +269,18 @@ def _apply_verdict(run, rows, token, verdict, what, summary):
         detail["current"] = verdict.current
     kind = "cleanup.reverted" if verdict.outcome == Outcome.DONE and not verdict.failed else "cleanup.failed"
     RunLog.write(run.pk, kind, **detail)
+
+
+def _record_attempts(rows, verdict, what, now):
+    """Each row's attempt, as the row's own history (the admin's row page reads it)."""
+    if verdict.outcome == Outcome.DONE:
+        failed = [r for r in rows if r.ref in verdict.failed and r.kind != STEP_KIND]
+        done = [r for r in rows if r not in failed]
+        Attempt.record(done, "done", at=now)
+        if failed:
+            Attempt.record(failed, "failed", f'{what} could not give back {", ".join(sorted(verdict.failed))}', at=now)
+    else:
+        Attempt.record(rows, str(verdict.outcome), verdict.error, at=now)
 
 
 def _fail(held, rows, error, now, release, retryable):
@@ -365,16 +383,10 @@ def sweep(by="sweep", deadline=None):
 
 def _release_spent_claims(now):
     """Claims of dead sweepers with no attempt left become failures a person can see."""
-    max_attempts = max_revert_attempts()
-    run_ids = set(
-        Resource.objects.filter(
-            state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_attempts
-        ).values_list("run_id", flat=True)
-    )
-    released = Resource.objects.release_expired_at_ceiling(now, max_attempts)
-    for run in Run.objects.filter(pk__in=run_ids):
+    released = Resource.objects.release_expired_at_ceiling(now, max_revert_attempts())
+    for run in Run.objects.filter(pk__in={r.run_id for r in released}):
         refresh_cleanup_status(run)
-    return released
+    return len(released)
 
 
 def cleanup_plan(run):

@@ -6,6 +6,7 @@ falling back to a default that would hide a typo.
 """
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -74,6 +75,15 @@ INSTALLED_APPS = [
     "cleanup",
     "eventsite.sandbox",
 ]
+
+# Modules from outside the repository: their Django apps, installed by setting
+# alone, e.g. EVENT_MODULES=mygame.events,othergame.module. A path that cannot be an app is
+# refused here, naming it, rather than as an import error later.
+EVENT_MODULES = env_list("EVENT_MODULES", [])
+for _app in EVENT_MODULES:
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", _app):
+        raise ImproperlyConfigured(f"EVENT_MODULES: {_app!r} is not a dotted Python path of an app")
+INSTALLED_APPS += [app for app in EVENT_MODULES if app not in INSTALLED_APPS]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -104,15 +104,13 @@ def make_rows(step, refs, module="test", kind="creature", placeholder=True):
         rows.append(
             Resource.objects.create(
                 run_id=step.run_id, step=step, module=module, kind=STEP_KIND,
-                ref=step.idempotency_key,
-                payload={"action": step.action_id, "idempotency_key": step.idempotency_key},
+                ref=step.idempotency_key, action=step.action_id,
             )
         )
     for ref in refs:
         rows.append(
             Resource.objects.create(
-                run_id=step.run_id, step=step, module=module, kind=kind, ref=ref,
-                payload={"action": step.action_id},
+                run_id=step.run_id, step=step, module=module, kind=kind, ref=ref, action=step.action_id,
             )
         )
     return rows
@@ -123,7 +121,7 @@ def make_lease_row(run, lease_id="test.rate", target="camp", baseline=1, applied
     return Resource.objects.create(
         run=run, step=step, module=module, kind=LEASE_KIND,
         ref=registry.lease_ref(lease_id, target),
-        payload={"baseline": baseline, "applied": applied, "action": "core.lease"},
+        action="core.lease", payload={"baseline": baseline, "applied": applied},
     )
 
 

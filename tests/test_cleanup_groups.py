@@ -48,7 +48,7 @@ def test_a_partial_failure_reverts_the_rest_of_the_group():
     assert run.log.get(kind="cleanup.failed").detail["failed"] == ["orc-2"]
 
 
-def test_a_row_without_a_step_finds_its_action_in_its_payload():
+def test_a_row_without_a_step_finds_the_action_it_keeps():
     revert = Scripted({"ok": True, "failed": []})
     registry.register_action(FakeAction(revert=revert))
     run = make_run()

@@ -85,7 +85,7 @@ class RunDetailSerializer(RunSerializer):
 class ResourceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Resource
-        fields = ["id", "run", "step", "module", "kind", "ref", "member_key", "payload", "state",
+        fields = ["id", "run", "step", "module", "action", "kind", "ref", "member_key", "payload", "state",
                   "revert_attempts", "retryable", "last_error", "next_attempt_at", "resurrected_from",
                   "created_at", "updated_at", "resolved_at"]
         read_only_fields = fields

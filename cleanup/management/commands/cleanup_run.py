@@ -1,11 +1,17 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count, Min
+from django.utils import timezone
 
-from cleanup.models import Run
+from cleanup.conf import max_revert_attempts
+from cleanup.models import Resource, Run
 from cleanup.sweep import CleanupRefused, cleanup_run
 
 
 class Command(BaseCommand):
-    help = "Give back what one ended run still holds, now."
+    help = (
+        "Give back what one ended run still holds, within its attempt ceiling. Rows waiting "
+        "for their backoff wait, unless --now; rows at the ceiling need --reset."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("run_id", type=int)
@@ -14,12 +20,19 @@ class Command(BaseCommand):
             action="store_true",
             help="a person's retry: put every unresolved row back under the attempt ceiling",
         )
+        parser.add_argument(
+            "--now",
+            action="store_true",
+            help="do not wait for the backoff of failed rows (their attempt counters stay)",
+        )
         parser.add_argument("--actor", default=None, help="who asks (logged with --reset)")
 
-    def handle(self, *args, run_id, reset=False, actor=None, **options):
+    def handle(self, *args, run_id, reset=False, now=False, actor=None, **options):
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"there is no run {run_id}")
+        if now and run.is_terminal:
+            Resource.objects.filter(run=run).hurry(timezone.now(), max_revert_attempts())
         try:
             summary = cleanup_run(run, reset=reset, actor=actor or "command", by="command")
         except CleanupRefused as exc:
@@ -30,3 +43,17 @@ class Command(BaseCommand):
             f"drifted {summary.drifted}, failed {summary.failed}, remaining {summary.remaining}; "
             f"cleanup {run.cleanup_status}"
         )
+        self.say_what_waits(run)
+
+    def say_what_waits(self, run):
+        rows, ceiling = Resource.objects.filter(run=run), max_revert_attempts()
+        waiting = rows.waiting_for_backoff(timezone.now(), ceiling)
+        waiting = waiting.aggregate(n=Count("id"), until=Min("next_attempt_at"))
+        if waiting["n"]:
+            until = waiting["until"].isoformat(timespec="seconds")
+            self.stdout.write(f"{waiting['n']} row(s) wait for their backoff, the first until {until}; "
+                              "--now tries them now")
+        stuck = rows.unresolved().exclude(pk__in=rows.retryable(ceiling).values("pk")).count()
+        if stuck:
+            self.stdout.write(f"{stuck} row(s) wait for a person (no attempt left, or refused for good); "
+                              "--reset tries them again")

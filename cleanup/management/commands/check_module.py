@@ -1,0 +1,58 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from cleanup import registry, testing
+
+
+def _json(text, what):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{what} is not JSON: {exc}") from None
+
+
+def _value(text):
+    """``--value 5`` is the number 5, ``--value '"5"'`` the string; text that is no JSON is a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class Command(BaseCommand):
+    help = "Check that an action or a lease keeps the module contract, against its real backend."
+
+    def add_arguments(self, parser):
+        parser.add_argument("id", help="an action id (with --params) or a lease id (with --target and --value)")
+        parser.add_argument("--params", help="the action's params, a JSON object (default {})")
+        parser.add_argument("--target", help="the lease's target")
+        parser.add_argument("--value", help="the value to lease, JSON or plain text; not the value in force")
+        parser.add_argument("--other-value", help="stands for someone else's value in the drift check")
+        parser.add_argument(
+            "--no-outage", action="store_true",
+            help="skip the checks that refuse the network to see failures answered as retryable",
+        )
+
+    def handle(self, *args, id, params=None, target=None, value=None, other_value=None, no_outage=False,
+               **options):
+        outage = None if no_outage else testing.network_down
+        if registry.get_action(id) is not None:
+            parsed = _json(params, "--params") if params is not None else {}
+            if not isinstance(parsed, dict):
+                raise CommandError("--params must be a JSON object")
+            report = testing.run_action_checks(registry.get_action(id), parsed, outage=outage)
+        elif registry.get_lease(id) is not None:
+            if target is None or value is None:
+                raise CommandError(f"{id} is a lease: give --target and --value")
+            other = _value(other_value) if other_value is not None else None
+            report = testing.run_lease_checks(registry.get_lease(id), target, _value(value), other=other,
+                                              outage=outage)
+        else:
+            known = ", ".join(sorted([*registry.actions(), *registry.leases()])) or "none"
+            raise CommandError(f"no module registers an action or a lease {id!r} (registered: {known})")
+        for line in report.lines():
+            self.stdout.write(line)
+        if not report.ok:
+            raise CommandError(f"{report.subject}: {len(report.failures)} of {len(report.checks)} checks failed")
+        self.stdout.write(f"{report.subject}: all {len(report.checks)} checks passed")

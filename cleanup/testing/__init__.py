@@ -1,0 +1,57 @@
+"""The conformance kit: does a module keep the contract of `cleanup.registry`?
+
+Run it against the module's real backend, from a shell::
+
+    python manage.py check_module sandbox.spawn --params '{"creature": "orc", "count": 2, "at": "gate"}'
+    python manage.py check_module sandbox.spawner_rate --target orc-camp --value 5
+
+or from the module's own test suite::
+
+    from cleanup import testing
+
+    def test_spawn_keeps_the_contract(shard):
+        testing.check_action("sandbox.spawn", {"creature": "orc", "count": 2, "at": "gate"})
+
+`check_action` and `check_lease` raise ``AssertionError`` listing every failed check;
+`run_action_checks` and `run_lease_checks` answer the `Report` instead. Every call goes
+through the engine's own call and classification code, and the checks give back what
+they made. ``outage`` is a context manager factory during which the backend cannot be
+reached: `network_down` by default (it refuses every socket of this process), a test's
+own (the sandbox shard's fault injection), or None to skip those checks.
+"""
+
+from .. import registry
+from .actions import run_action_checks
+from .leases import run_lease_checks
+from .outage import network_down
+from .report import Check, Report
+
+__all__ = [
+    "Check",
+    "Report",
+    "check_action",
+    "check_lease",
+    "network_down",
+    "run_action_checks",
+    "run_lease_checks",
+]
+
+
+def _entry(entry, lookup, kind):
+    if isinstance(entry, str):
+        found = lookup(entry)
+        if found is None:
+            raise LookupError(f"no module registers the {kind} {entry!r}")
+        return found
+    return entry
+
+
+def check_action(action, params, outage=network_down):
+    """Run every check of an action (an id or the object); raise if any failed."""
+    return run_action_checks(_entry(action, registry.get_action, "action"), params, outage=outage).assert_ok()
+
+
+def check_lease(lease, target, value, other=None, outage=network_down):
+    """Run every check of a lease (an id or the object) on ``target``; raise if any failed."""
+    entry = _entry(lease, registry.get_lease, "lease")
+    return run_lease_checks(entry, target, value, other=other, outage=outage).assert_ok()

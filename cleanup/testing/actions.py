@@ -1,0 +1,256 @@
+"""The conformance checks of an action: validate, perform, revert and reconcile.
+
+The checks perform for real on the module's backend, under fresh idempotency keys, and
+give back everything they made before they answer (through the module's own ``revert``,
+then verified through its ``reconcile``).
+"""
+
+import uuid
+
+from .. import calls
+from ..calls import Outcome
+from .outage import network_down
+from .report import Caller, Report, describe
+
+# The run and step ids the kit performs under: no such run exists in any ledger.
+RUN_ID = 0
+STEP_ID = 0
+
+
+def new_key():
+    return f"kit-{uuid.uuid4().hex}"
+
+
+def wrong_value(value):
+    """A value of another JSON type than ``value``, to see whether validate notices."""
+    if isinstance(value, bool):
+        return "not-a-boolean"
+    if isinstance(value, int | float):
+        return "not-a-number"
+    if isinstance(value, str):
+        return ["not", "a", "string"]
+    if isinstance(value, list):
+        return "not-a-list"
+    if isinstance(value, dict):
+        return "not-an-object"
+    return {"unexpected": True}
+
+
+class ActionChecks:
+    def __init__(self, action, params, outage):
+        self.action = action
+        self.params = params
+        self.outage = outage
+        self.report = Report(f"action {action.id}")
+        self.call = Caller(action)
+        self.keys = []  # every key performed under, given back at the end
+        self.made = {}  # key -> {ref: resource}, everything any perform reported
+        self.asked_failed = []  # `failed` refs a revert named that it was not asked about
+
+    # -- calls -----------------------------------------------------------------------
+    def perform(self, params, key=None):
+        key = key or new_key()
+        if key not in self.keys:
+            self.keys.append(key)
+        answer = self.call("perform", run_id=RUN_ID, step_id=STEP_ID, params=params, idempotency_key=key)
+        performed = calls.classify_perform(answer, f"{self.action.id}.perform")
+        for item in performed.resources:
+            self.made.setdefault(key, {}).setdefault(item["ref"], item)
+        return key, answer, performed
+
+    def revert(self, resources, key):
+        answer = self.call("revert", run_id=RUN_ID, resources=list(resources), idempotency_key=key)
+        refs = [r.get("ref") for r in resources if isinstance(r, dict)]
+        raw = answer.raw
+        if isinstance(raw, dict) and raw.get("ok") is True and isinstance(raw.get("failed"), list):
+            self.asked_failed += [r for r in raw["failed"] if r not in refs]
+        return answer, calls.classify_revert(answer, f"{self.action.id}.revert", refs=refs)
+
+    def in_force(self, resources):
+        """The refs in force among ``resources`` (a frozenset), or the failed `Reply`."""
+        if not self.has("reconcile"):
+            return None
+        answer = self.call("reconcile", run_id=RUN_ID, resources=list(resources))
+        return calls.classify_reconcile(answer, f"{self.action.id}.reconcile")
+
+    def has(self, name):
+        return callable(getattr(self.action, name, None))
+
+    # -- the checks ----------------------------------------------------------------------
+    def run(self):
+        report = self.report
+        report.check("is registered with a module name", bool(self.action.module), "a module name", "none")
+        try:
+            self.check_validate()
+            made = self.check_perform()
+            if made is not None and self.has("revert"):
+                self.check_revert(*made)
+                self.check_revert_by_key()
+            elif not self.has("revert"):
+                report.check("declares revert", False, "a revert(), or nothing it makes can be given back",
+                             "no callable revert")
+            self.check_refusals()
+            if self.outage is not None:
+                self.check_outage()
+            else:
+                report.skip("with the backend down, calls answer failures to retry", "no outage given")
+        finally:
+            self.clean_up()
+        self.call.report_on_calls(report)
+        return report
+
+    def check_validate(self):
+        report, validate = self.report, getattr(self.action, "validate", None)
+        if not callable(validate):
+            report.skip("validate names the bad field", "the action has no validate(params)")
+            return
+        try:
+            validate(dict(self.params))
+            accepted = None
+        except Exception as exc:
+            accepted = f"{type(exc).__name__}: {exc}"
+        report.check("validate accepts the params given", accepted is None, "no exception", accepted)
+        for name, value in self.params.items():
+            bad = {**self.params, name: wrong_value(value)}
+            try:
+                validate(bad)
+                got = f"validate accepted {name}={bad[name]!r}"
+            except ValueError as exc:
+                got = None if name in str(exc) else f"ValueError({str(exc)!r}), which does not name {name}"
+            except Exception as exc:
+                got = f"{type(exc).__name__}: {exc} (validate must raise ValueError)"
+            report.check(f"validate names the bad field ({name})", got is None,
+                         f"ValueError naming {name!r} for {name}={bad[name]!r}", got)
+
+    def check_perform(self):
+        """Perform, then again with the same key; answers ``(key, resources)`` or None."""
+        report = self.report
+        key, answer, first = self.perform(dict(self.params))
+        if not report.check("perform answers resources", first.ok, '{"ok": True, "resources": [...]}',
+                            first.error or describe(answer)):
+            return None
+        refs = sorted(r["ref"] for r in first.resources)
+        _, answer, second = self.perform(dict(self.params), key)
+        again = sorted(r["ref"] for r in second.resources) if second.ok else None
+        report.check("perform twice with one key makes the same refs and nothing new", again == refs,
+                     f"the same refs {refs}", f"{again}" if second.ok else second.error)
+        if not first.resources:
+            report.skip("revert gives back what perform made", "perform made nothing with these params")
+            return None
+        if self.has("reconcile"):
+            reply = self.in_force(first.resources)
+            report.check("reconcile reports what perform made as in force",
+                         reply.ok and reply.value >= set(refs), f"in_force containing {refs}",
+                         sorted(reply.value) if reply.ok else reply.error)
+        return key, first.resources
+
+    def check_revert(self, key, resources):
+        report = self.report
+        resources = list(resources)
+        half = resources[: max(1, len(resources) // 2)]
+        _, verdict = self.revert(half, key)
+        report.check("revert of part of a step's rows answers success", _done(verdict),
+                     '{"ok": True, "failed": []}', _said(verdict))
+        _, verdict = self.revert(resources, key)
+        report.check("revert gives back what perform made (some already gone)", _done(verdict),
+                     '{"ok": True, "failed": []}', _said(verdict))
+        _, verdict = self.revert(resources, key)
+        report.check("a second revert of the same rows answers success", _done(verdict),
+                     '{"ok": True, "failed": []}', _said(verdict))
+        report.check("failed names only refs it was asked about", not self.asked_failed,
+                     "refs of the list handed over", f"{sorted(set(self.asked_failed))}")
+        self.check_gone("reconcile after a revert reports nothing in force", resources)
+
+    def check_revert_by_key(self):
+        report = self.report
+        key, answer, performed = self.perform(dict(self.params))
+        if not performed.ok:
+            report.check("revert of an empty list by key succeeds", False, "a perform to revert",
+                         performed.error or describe(answer))
+            return
+        _, verdict = self.revert([], key)
+        report.check("revert of an empty list by key succeeds", _done(verdict), '{"ok": True, "failed": []}',
+                     _said(verdict))
+        if performed.resources:
+            self.check_gone("revert of an empty list gives back what the key made", performed.resources)
+
+    def check_gone(self, name, resources):
+        if not self.has("reconcile"):
+            self.report.skip(name, "the action has no reconcile(), so the kit cannot look")
+            return
+        reply = self.in_force(resources)
+        self.report.check(name, reply.ok and not reply.value, '{"ok": True, "in_force": []}',
+                          f"still in force: {sorted(reply.value)}" if reply.ok else reply.error)
+
+    def check_refusals(self):
+        """Bad input gets an envelope, and a perform with bad params a terminal one."""
+        report = self.report
+        if self.params:
+            name, value = next(iter(self.params.items()))
+            _, answer, performed = self.perform({**self.params, name: wrong_value(value)})
+            report.check(f"perform refuses a bad {name} as a terminal failure",
+                         not performed.ok and not performed.retry and not answer.exception,
+                         '{"ok": False, "error": "...", "retry": False}', describe(answer))
+        if self.has("revert"):
+            answer, _ = self.revert([{"kind": "thing"}], new_key())
+            report.check("revert of a malformed resource list answers a failure",
+                         not answer.exception and _refused(answer), '{"ok": False, "error": ...}',
+                         describe(answer))
+        if self.has("reconcile"):
+            answer = self.call("reconcile", run_id=RUN_ID, resources=[{"kind": "thing"}])
+            report.check("reconcile of a malformed resource list answers a failure",
+                         not answer.exception and _refused(answer), '{"ok": False, "error": ...}',
+                         describe(answer))
+
+    def check_outage(self):
+        report = self.report
+        known = [r for rows in self.made.values() for r in rows.values()][:1]
+        known = known or [{"kind": "thing", "ref": "kit-unknown", "payload": {}, "member_key": ""}]
+        with self.outage():
+            _, answer, performed = self.perform(dict(self.params))
+            revert_answer, verdict = self.revert(known, new_key()) if self.has("revert") else (None, None)
+            reply = self.in_force(known)
+        report.check("with the backend down, perform answers a failure to retry",
+                     not performed.ok and performed.retry, '{"ok": False, "error": "...", "retry": True}',
+                     describe(answer))
+        if verdict is not None:
+            report.check("with the backend down, revert answers a failure to retry",
+                         verdict.outcome == Outcome.RETRY, '{"ok": False, "error": "...", "retry": True}',
+                         describe(revert_answer))
+        if reply is not None:
+            report.check("with the backend down, reconcile answers a failure, never a list",
+                         not reply.ok, '{"ok": False, "error": "...", "retry": True}',
+                         f"in_force {sorted(reply.value)}" if reply.ok else reply.error)
+
+    def clean_up(self):
+        """Give back everything any check made, by key and by ref, and say what is left."""
+        if not self.has("revert"):
+            return
+        for key in self.keys:
+            self.revert(list(self.made.get(key, {}).values()), key)
+            self.revert([], key)
+        everything = [r for rows in self.made.values() for r in rows.values()]
+        if everything and self.has("reconcile"):
+            reply = self.in_force(everything)
+            left = sorted(reply.value) if reply.ok else None
+            self.report.check("the kit's own cleanup leaves nothing in force", reply.ok and not left,
+                              "nothing in force", f"still in force: {left}" if reply.ok else reply.error)
+
+
+def _done(verdict):
+    return verdict.outcome == Outcome.DONE and not verdict.failed
+
+
+def _said(verdict):
+    if verdict.outcome == Outcome.DONE:
+        return f"failed {sorted(verdict.failed)}"
+    return f"{verdict.outcome}: {verdict.error}"
+
+
+def _refused(answer):
+    return isinstance(answer.raw, dict) and answer.raw.get("ok") is False
+
+
+def run_action_checks(action, params, outage=network_down):
+    """Every check of ``action`` with ``params``; answers a `Report`, never raises for a failure."""
+    return ActionChecks(action, dict(params), outage).run()

@@ -1,0 +1,33 @@
+"""A simulated outage: while it lasts, no socket of this process connects, sends or reads.
+
+It stands for "the backend is down" for any module that reaches its backend over the
+network from Python (HTTP, Redis, a game protocol). A backend reached through a C driver
+or in memory needs its own outage: pass the kit any context manager factory instead.
+"""
+
+import contextlib
+import socket
+import threading
+
+_lock = threading.Lock()
+_PATCHED = ("connect", "connect_ex", "send", "sendall", "sendto", "recv", "recv_into", "recvfrom")
+
+
+def _refuse(*args, **kwargs):
+    raise ConnectionRefusedError("the conformance kit's outage: the backend cannot be reached")
+
+
+@contextlib.contextmanager
+def network_down():
+    with _lock:
+        saved = {name: socket.socket.__dict__.get(name) for name in _PATCHED}
+        for name in _PATCHED:
+            setattr(socket.socket, name, _refuse)
+        try:
+            yield
+        finally:
+            for name, original in saved.items():
+                if original is None:
+                    delattr(socket.socket, name)
+                else:
+                    setattr(socket.socket, name, original)

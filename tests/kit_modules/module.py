@@ -1,0 +1,102 @@
+"""The sandbox module, honest once and then broken one rule at a time (module ``kit``)."""
+
+import uuid
+
+from eventsite.sandbox.module import SpawnAction, SpawnerRateLease, never_raises, shard
+
+MODULE = "kit"
+
+
+class HonestSpawn(SpawnAction):
+    id = "kit.spawn"
+    module = MODULE
+
+
+class LyingRevert(SpawnAction):
+    """Answers that it gave everything back, and leaves it all in the world."""
+
+    id = "kit.lying_revert"
+    module = MODULE
+
+    def revert(self, *, run_id, resources, idempotency_key):
+        return {"ok": True, "failed": []}
+
+
+class NewThingsOnRepeat(SpawnAction):
+    """Spawns again for a key it has seen: a retried step doubles the orcs."""
+
+    id = "kit.new_things_on_repeat"
+    module = MODULE
+
+    def perform(self, *, run_id, step_id, params, idempotency_key):
+        return super().perform(run_id=run_id, step_id=step_id, params=params,
+                               idempotency_key=f"{idempotency_key}-{uuid.uuid4().hex[:8]}")
+
+
+class BlindReconcile(SpawnAction):
+    """Answers "nothing is in force" when it could not ask the shard."""
+
+    id = "kit.blind_reconcile"
+    module = MODULE
+
+    def reconcile(self, *, run_id, resources):
+        answer = super().reconcile(run_id=run_id, resources=resources)
+        return answer if answer.get("ok") else {"ok": True, "in_force": []}
+
+
+class RaisingRevert(SpawnAction):
+    """Raises when it is handed no rows, instead of giving back what the key made."""
+
+    id = "kit.raising_revert"
+    module = MODULE
+
+    def revert(self, *, run_id, resources, idempotency_key):
+        resources[0]  # IndexError for the empty list: the bug under test
+        return super().revert(run_id=run_id, resources=resources, idempotency_key=idempotency_key)
+
+
+class PermanentWhenDown(SpawnAction):
+    """Answers every failure as terminal, a shard that is down for a minute included."""
+
+    id = "kit.permanent_when_down"
+    module = MODULE
+
+    def perform(self, **kwargs):
+        answer = super().perform(**kwargs)
+        return answer if answer.get("ok") else {**answer, "retry": False}
+
+
+class HonestRate(SpawnerRateLease):
+    id = "kit.rate"
+    module = MODULE
+
+
+class OverwritingRestore(SpawnerRateLease):
+    """Puts the baseline back whatever is in place: someone else's value is lost."""
+
+    id = "kit.overwriting_restore"
+    module = MODULE
+
+    @never_raises
+    def restore(self, *, baseline, expected, run_id, target):
+        reply = shard.put(self._path(target), {"rate": baseline})
+        return {"ok": True} if reply.ok else reply.failure()
+
+
+class StrictRestore(SpawnerRateLease):
+    """Reports drift when the baseline is already in place (an earlier restore landed)."""
+
+    id = "kit.strict_restore"
+    module = MODULE
+
+    @never_raises
+    def restore(self, *, baseline, expected, run_id, target):
+        reply = shard.put(self._path(target), {"rate": baseline, "expected": expected})
+        if reply.status == 409:
+            return {"ok": False, "drifted": True, "current": reply.body.get("current")}
+        return {"ok": True} if reply.ok else reply.failure()
+
+
+ACTIONS = [HonestSpawn(), LyingRevert(), NewThingsOnRepeat(), BlindReconcile(), RaisingRevert(),
+           PermanentWhenDown()]
+LEASES = [HonestRate(), OverwritingRestore(), StrictRestore()]

@@ -1,0 +1,180 @@
+"""The conformance kit passes the sandbox module against a real shard and names what a
+broken module breaks."""
+
+import contextlib
+
+import pytest
+from django.test import override_settings
+
+from cleanup import registry, testing
+from tests.kit_modules import module as kit
+from tests.shard import shard_process  # noqa: F401  (a pytest fixture)
+
+PARAMS = {"creature": "orc", "count": 3, "at": "north-gate"}
+
+
+@pytest.fixture
+def on_shard(shard_process):  # noqa: F811
+    with override_settings(SANDBOX_SHARD_URL=shard_process.url):
+        yield shard_process
+
+
+def shard_down(process):
+    @contextlib.contextmanager
+    def down():
+        process.post("/faults", json={"down": "refuse"})
+        try:
+            yield
+        finally:
+            process.delete("/faults")
+
+    return down
+
+
+def failed(report):
+    return {c.name for c in report.failures}
+
+
+def event_creatures(process):
+    return [c for c in process.get("/creatures").json()["creatures"] if c["key"] is not None]
+
+
+def test_it_passes_the_sandbox_action_and_gives_back_what_it_made(on_shard):
+    report = testing.check_action("sandbox.spawn", PARAMS, outage=shard_down(on_shard))
+
+    assert report.ok and len(report.checks) >= 20
+    assert "revert of an empty list by key succeeds" in {c.name for c in report.checks}
+    assert event_creatures(on_shard) == []
+
+
+def test_it_passes_the_sandbox_lease_and_puts_the_value_back(on_shard):
+    before = on_shard.get("/spawners/orc-camp").json()["rate"]
+
+    report = testing.check_lease("sandbox.spawner_rate", "orc-camp", 5, outage=shard_down(on_shard))
+
+    assert report.ok
+    assert on_shard.get("/spawners/orc-camp").json()["rate"] == before
+
+
+def test_it_refuses_the_network_for_the_outage_checks_by_default(on_shard):
+    for report in (testing.run_action_checks(kit.HonestSpawn(), PARAMS),
+                   testing.run_lease_checks(kit.HonestRate(), "orc-camp", 5)):
+        assert report.ok, report.lines()
+        assert any(c.name.startswith("with the backend down") and c.status == "ok" for c in report.checks)
+    assert on_shard.get("/health").status_code == 200, "the outage ended with the checks"
+
+
+def test_it_skips_the_outage_checks_when_told(on_shard):
+    report = testing.run_action_checks(kit.BlindReconcile(), PARAMS, outage=None)
+    assert failed(report) == {"reconcile of a malformed resource list answers a failure"}
+    assert "skip with the backend down, calls answer failures to retry: no outage given" in report.lines()
+
+
+def test_it_fails_a_revert_that_answers_ok_and_leaves_things_in_place(on_shard):
+    report = testing.run_action_checks(kit.LyingRevert(), PARAMS)
+
+    assert "reconcile after a revert reports nothing in force" in failed(report)
+    assert "the kit's own cleanup leaves nothing in force" in failed(report)
+
+
+def test_it_fails_a_perform_that_makes_new_things_on_a_repeated_key(on_shard):
+    report = testing.run_action_checks(kit.NewThingsOnRepeat(), PARAMS)
+
+    assert failed(report) == {
+        "perform twice with one key makes the same refs and nothing new",
+        "revert of an empty list gives back what the key made",  # it spawned under other keys
+    }
+    assert event_creatures(on_shard) == []  # the kit gave back both spawns, by ref
+
+
+def test_it_fails_a_restore_that_overwrites_someone_elses_value(on_shard):
+    report = testing.run_lease_checks(kit.OverwritingRestore(), "orc-camp", 5)
+
+    assert failed(report) == {
+        "restore with a value someone else set answers drifted with the current value",
+        "restore leaves someone else's value alone",
+    }
+    line = next(c.line() for c in report.failures if "drifted" in c.name)
+    assert line.startswith("FAIL restore with a value someone else set")
+    assert "expected {\"ok\": False, \"drifted\": True, \"current\": 6}; got {'ok': True}" in line
+
+
+def test_it_fails_a_restore_that_refuses_the_baseline_already_in_place(on_shard):
+    report = testing.run_lease_checks(kit.StrictRestore(), "orc-camp", 5)
+    assert failed(report) == {"restore when the baseline is already in place succeeds"}
+
+
+def test_it_fails_a_reconcile_that_answers_an_empty_list_when_its_backend_is_down(on_shard):
+    report = testing.run_action_checks(kit.BlindReconcile(), PARAMS, outage=shard_down(on_shard))
+    assert failed(report) == {
+        "with the backend down, reconcile answers a failure, never a list",
+        "reconcile of a malformed resource list answers a failure",  # it says [] there too
+    }
+
+
+def test_it_fails_a_transient_failure_answered_as_permanent(on_shard):
+    report = testing.run_action_checks(kit.PermanentWhenDown(), PARAMS, outage=shard_down(on_shard))
+    assert failed(report) == {"with the backend down, perform answers a failure to retry"}
+
+
+def test_it_fails_a_call_that_raises(on_shard):
+    report = testing.run_action_checks(kit.RaisingRevert(), PARAMS)
+
+    assert {"no call raises", "revert of an empty list by key succeeds"} <= failed(report)
+    raised = next(c for c in report.failures if c.name == "no call raises")
+    assert "kit.raising_revert.revert raised IndexError" in raised.got
+
+
+def test_it_fails_a_call_that_outlives_its_budget(on_shard):
+    slow = kit.HonestRate()
+    slow.budget_ms = 200
+    on_shard.post("/faults", json={"latency_ms": 400})
+
+    report = testing.run_lease_checks(slow, "orc-camp", 5)
+
+    assert "every call answers within its budget (200 ms)" in failed(report)
+
+
+def test_it_fails_answers_that_are_no_envelope():
+    class Sloppy(registry.Action):
+        id, module = "sloppy.spawn", "sloppy"
+
+        def perform(self, **kwargs):
+            return {"ok": "yes", "resources": []}
+
+    report = testing.run_action_checks(Sloppy(), {})
+
+    assert {"every callable answers an envelope", "perform answers resources", "declares revert"} <= failed(report)
+
+
+def test_check_action_raises_an_assertion_error_listing_the_failed_checks(on_shard):
+    registry.register_action(kit.LyingRevert())
+    with pytest.raises(AssertionError) as raised:
+        testing.check_action("kit.lying_revert", PARAMS)
+    message = str(raised.value)
+    assert message.startswith("action kit.lying_revert breaks the module contract:")
+    assert "FAIL reconcile after a revert reports nothing in force" in message
+    assert "ok   " not in message
+
+
+def test_check_action_refuses_an_unknown_id():
+    with pytest.raises(LookupError, match="no module registers the action 'atlantis.sink'"):
+        testing.check_action("atlantis.sink", {})
+
+
+def test_validate_must_name_the_field_it_refuses():
+    class Vague(registry.Action):
+        id, module = "vague.spawn", "vague"
+        revert = None
+
+        def validate(self, params):
+            if not isinstance(params.get("count"), int):
+                raise ValueError("bad params")
+
+        def perform(self, **kwargs):
+            return {"ok": True, "resources": []}
+
+    report = testing.run_action_checks(Vague(), {"count": 2})
+
+    check = next(c for c in report.checks if c.name == "validate names the bad field (count)")
+    assert check.failed and "does not name count" in check.got
