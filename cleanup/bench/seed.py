@@ -6,6 +6,7 @@ every way must step over. Columns the bench does not name get the model's defaul
 column added to a model later does not break the seed.
 """
 
+from django.apps import apps
 from django.utils import timezone
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -17,6 +18,13 @@ from .module import ACTION_ID, MODULE
 HISTORY_ROWS_PER_RUN = 20
 UNRESOLVED = ("live", "reverting", "failed", "drifted")
 TABLES = [m._meta.db_table for m in (RunLog, Resource, Step, Run)]
+
+
+def run_tables():
+    """Every table of the app whose rows belong to a run, the runs last."""
+    owned = [m._meta.db_table for m in apps.get_app_config("cleanup").get_models()
+             if any(f.column == "run_id" for f in m._meta.concrete_fields)]
+    return [*owned, Run._meta.db_table]
 
 
 def _other_columns(model, named):
@@ -61,13 +69,16 @@ def _seed(conn, runs, steps, per_step, resolved):
         "idempotency_key": "'bench-' || runs.id || '-' || p", "status": "'done'", "attempts": "1",
         "last_error": "''", "started_at": "now()", "finished_at": "now()",
     }, f"runs CROSS JOIN generate_series(0, {int(steps) - 1}) AS p", "id, run_id")
-    resource = _insert(Resource, {
+    rows = {
         "run_id": "steps.run_id", "step_id": "steps.id", "module": f"'{MODULE}'", "kind": "'creature'",
         "ref": "'c-' || steps.id || '-' || k", "member_key": "''", "payload": "'{}'::jsonb",
         "state": "'reverted'" if resolved else "'live'", "revert_attempts": "1" if resolved else "0",
         "retryable": "true", "last_error": "''", "created_at": "now()", "updated_at": "now()",
         "resolved_at": "now() - interval '1 day'" if resolved else "NULL",
-    }, f"steps CROSS JOIN generate_series(0, {int(per_step) - 1}) AS k", "1")
+    }
+    if any(f.column == "action" for f in Resource._meta.concrete_fields):
+        rows["action"] = f"'{ACTION_ID}'"  # the ledger keeps the action on the row too
+    resource = _insert(Resource, rows, f"steps CROSS JOIN generate_series(0, {int(per_step) - 1}) AS k", "1")
     statement = sql.SQL("WITH runs AS ({run}), steps AS ({step}), made AS ({resource}) SELECT count(*) FROM made")
     return conn.execute(statement.format(run=run, step=step, resource=resource)).fetchone()[0]
 
@@ -122,10 +133,11 @@ def reseed_work(conn, after, runs, steps, per_step, analyze=True):
     ``analyze``: refresh the planner's statistics, which the work set changes entirely
     without history and by a few percent beside a big one.
     """
-    for table in TABLES:
-        column = "id" if table == Run._meta.db_table else "run_id"
-        conn.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(sql.Identifier(table), sql.Identifier(column)),
-                     [after])
+    with conn.transaction():  # the foreign keys are checked at commit, whatever the order
+        for table in run_tables():
+            column = "id" if table == Run._meta.db_table else "run_id"
+            conn.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(sql.Identifier(table), sql.Identifier(column)),
+                         [after])
     made = _seed(conn, runs, steps, per_step, resolved=False)
     for table in TABLES if analyze else ():
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
