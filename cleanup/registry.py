@@ -99,6 +99,9 @@ class Lease:
     value is in place it answers ``{"ok": False, "drifted": True, "current": value}``
     and changes nothing.
 
+    ``validate(value)`` (optional) raises ``ValueError`` with a message when the lease
+    cannot apply ``value``; ``core.lease`` calls it before a run is stored.
+
     The engine records the lease in the ledger (kind ``override``, ref
     ``"<lease id>#<target>"``, payload ``{"baseline", "applied"}``) before it calls
     ``apply``; several runs may lease one target at once, and the engine stacks them.
@@ -107,6 +110,7 @@ class Lease:
     id = None
     module = None
     budget_ms = None
+    validate = None
 
     def read(self, *, target):
         raise NotImplementedError

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, registry
+from . import calls, ledger, registry, validation
 from .conf import claim_timeout_s, setting
 from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
 from .sweep import past, refresh_cleanup_status
@@ -35,13 +35,9 @@ LEASE = "core.lease"
 MAX_WAIT_S = 86_400
 
 
-class RunSpecError(ValueError):
+class RunSpecError(validation.Invalid):
     """A run that cannot be started. ``errors`` maps each field (``steps[1].params``) to
     what is wrong with it."""
-
-    def __init__(self, errors):
-        self.errors = errors
-        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
 
 
 class RunStateError(Exception):
@@ -76,14 +72,29 @@ class CoreLease(registry.Action):
     module = "core"
 
     def validate(self, params):
+        unknown = sorted(set(params) - {"lease", "target", "value"})
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a parameter of {LEASE}")
         lease_id = params.get("lease")
-        if not isinstance(lease_id, str) or registry.get_lease(lease_id) is None:
+        lease = registry.get_lease(lease_id) if isinstance(lease_id, str) else None
+        if lease is None:
             raise ValueError(f"lease: no module registers the lease {lease_id!r}")
         target = params.get("target")
         if not isinstance(target, str) or not target.strip():
             raise ValueError(f"target must be a non-empty string, got {target!r}")
+        if message := validation.text_error(target, validation.MAX_TARGET):
+            raise ValueError(f"target {message}")
         if "value" not in params:
             raise ValueError("value is required")
+        if callable(getattr(lease, "validate", None)):
+            # The lease says which values it can apply; one it cannot would abort the run
+            # and leave a row whose restore fails for good.
+            try:
+                lease.validate(params["value"])
+            except ValueError as exc:
+                raise ValueError(f"value: {exc}") from None
+            except Exception as exc:  # a module's validate is untrusted too
+                raise ValueError(f"value: {lease_id} could not check it: {type(exc).__name__}: {exc}") from None
 
     def perform(self, **kwargs):
         return {"ok": False, "error": "core.lease is performed by the runner", "retry": False}
@@ -98,65 +109,74 @@ def register_builtins():
 # -- starting -------------------------------------------------------------------------
 
 
-def _nul_in(value):
-    """Does a NUL character hide anywhere in a JSON value? PostgreSQL cannot store one."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_nul_in(v) for v in value)
-    return False
+def _name_error(name):
+    if isinstance(name, str) and not name.strip() and "\x00" not in name:
+        return "a run needs a non-empty name"
+    message = validation.text_error(name, validation.MAX_NAME)
+    return f"a name {message}" if message else None
 
 
 def validate_spec(name, steps):
-    """The cleaned steps of a run spec, or `RunSpecError` naming every bad field."""
+    """The cleaned steps of a run spec, or `RunSpecError` naming every bad field.
+
+    Everything a run stores is checked here (`cleanup.validation`): the name, the number
+    of steps (``EVENT_MAX_STEPS``), each step's action and params (JSON that PostgreSQL
+    can store, at most ``EVENT_MAX_PARAMS_BYTES``), then the action's own ``validate``.
+    """
     errors = {}
-    if not isinstance(name, str) or not name.strip():
-        errors["name"] = "a run needs a non-empty name"
-    elif len(name) > 200:
-        errors["name"] = "a name has at most 200 characters"
-    elif "\x00" in name:
-        errors["name"] = "a name may not contain a NUL character"
+    if message := _name_error(name):
+        errors["name"] = message
     if not isinstance(steps, list) or not steps:
         errors["steps"] = "a run needs a non-empty list of steps"
+        raise RunSpecError(errors)
+    max_steps = validation.limit("EVENT_MAX_STEPS")
+    if len(steps) > max_steps:
+        errors["steps"] = f"a run has at most {max_steps} steps (EVENT_MAX_STEPS), got {len(steps)}"
         raise RunSpecError(errors)
     cleaned = []
     for position, step in enumerate(steps):
         where = f"steps[{position}]"
-        if not isinstance(step, dict):
-            errors[where] = 'each step is an object {"action", "params"}'
-            continue
-        unknown = sorted(set(step) - {"action", "params"})
-        if unknown:
-            errors[where] = f"unknown field(s) {', '.join(unknown)}"
-        action_id = step.get("action")
-        params = step.get("params", {})
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            errors[f"{where}.params"] = "params must be an object"
-            continue
-        if _nul_in(params):
-            errors[f"{where}.params"] = "params may not contain a NUL character"
-            continue
-        action = registry.get_action(action_id) if isinstance(action_id, str) else None
-        if action is None:
-            errors[f"{where}.action"] = f"no module registers the action {action_id!r}"
-            continue
-        if callable(getattr(action, "validate", None)):
-            try:
-                action.validate(params)
-            except ValueError as exc:
-                errors[f"{where}.params"] = str(exc)
-                continue
-            except Exception as exc:  # a module's validate is untrusted too
-                errors[f"{where}.params"] = f"{action_id} could not check its params: {exc}"
-                continue
-        cleaned.append({"action": action_id, "params": params})
+        step_errors = _step_errors(step, where)
+        if step_errors:
+            errors.update(step_errors)
+        else:
+            cleaned.append({"action": step["action"], "params": step.get("params") or {}})
     if errors:
         raise RunSpecError(errors)
     return cleaned
+
+
+def _step_errors(step, where):
+    """What is wrong with one step, keyed by field; empty when it can be stored."""
+    if not isinstance(step, dict):
+        return {where: 'each step is an object {"action", "params"}'}
+    errors = {}
+    unknown = sorted(set(step) - {"action", "params"})
+    if unknown:
+        errors[where] = f"unknown field(s) {', '.join(map(repr, unknown))}"
+    action_id = step.get("action")
+    if message := validation.text_error(action_id, validation.MAX_ACTION):
+        return {**errors, f"{where}.action": f"an action id {message}"}
+    params = step.get("params")
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        return {**errors, f"{where}.params": f"params must be an object, not {validation.json_type(params)}"}
+    problem = validation.json_problem(params, f"{where}.params")
+    if problem is None and (message := validation.params_error(params)):
+        problem = (f"{where}.params", message)
+    if problem:
+        return {**errors, problem[0]: problem[1]}
+    action = registry.get_action(action_id)
+    if action is None:
+        return {**errors, f"{where}.action": f"no module registers the action {action_id!r}"}
+    if callable(getattr(action, "validate", None)):
+        try:
+            action.validate(params)
+        except ValueError as exc:
+            errors[f"{where}.params"] = str(exc)
+        except Exception as exc:  # a module's validate is untrusted too
+            errors[f"{where}.params"] = f"{action_id} could not check its params: {type(exc).__name__}: {exc}"
+    return errors
 
 
 def start_run(name, steps, actor=None):

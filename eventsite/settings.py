@@ -60,6 +60,32 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-local-only-" + "x" * 40
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+
+def env_proxy_header(name):
+    """``HEADER,value``, such as ``HTTP_X_FORWARDED_PROTO,https``: the header a proxy sets
+    to say the request came over HTTPS. Unset means no proxy is trusted."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, _, value = (part.strip() for part in raw.partition(","))
+    if not header.startswith("HTTP_") or not value:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not HEADER,value such as HTTP_X_FORWARDED_PROTO,https")
+    return (header, value)
+
+
+# HTTPS, for a site behind TLS. Each is off unless set: a site without TLS would lock
+# itself out with them (README, "Running in production").
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# A load balancer probes /healthz over plain HTTP, inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_PROXY_SSL_HEADER = env_proxy_header("SECURE_PROXY_SSL_HEADER")
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -71,6 +97,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "cleanup",
     "eventsite.sandbox",
@@ -87,11 +114,15 @@ INSTALLED_APPS += [app for app in EVENT_MODULES if app not in INSTALLED_APPS]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the body or answers HTML under /api/.
+    "cleanup.api.errors.ApiErrorsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "cleanup.admin_guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -155,15 +186,42 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "static"))
+# WhiteNoise serves STATIC_ROOT (filled by `manage.py collectstatic`) from the WSGI app,
+# compressed; no manifest, so a page renders the same before and after collectstatic.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
+# Mail, for ADMINS and the alerts: EMAIL_HOST unset means no mail is sent.
+ADMINS = [("", address) for address in env_list("ADMINS", [])]
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+SERVER_EMAIL = os.environ.get("SERVER_EMAIL", "root@localhost")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", SERVER_EMAIL)
+MAIL_CONFIGURED = bool(EMAIL_HOST and ADMINS)
+
+# A request that fails is logged with its traceback on standard error (where gunicorn and
+# systemd collect it), and mailed to ADMINS when mail is configured.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR"},
+    },
     "loggers": {
         "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+        "django.request": {
+            "handlers": ["console", *(["mail_admins"] if MAIL_CONFIGURED else [])],
+            "level": "ERROR",
+            "propagate": False,
+        },
     },
 }
 
@@ -174,12 +232,24 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PARSER_CLASSES": ["cleanup.api.parsers.BoundedJSONParser"],
+    "EXCEPTION_HANDLER": "cleanup.api.errors.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "eventsite events API",
     "DESCRIPTION": "Event runs, their ledger, and the cleanup that gives it back.",
     "VERSION": "1.0.0",
+    # The schema and its docs page are for staff, like the API; the page's scripts come
+    # from the installed drf-spectacular-sidecar, not a CDN, so it works offline.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "cleanup.api.schema.refuse_unknown_fields",
+    ],
     # Run.status and Step.status are both "status": name each choice set once.
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "cleanup.models.RunStatus",
@@ -202,6 +272,9 @@ EVENT_STEP_BACKOFF_S = env_int("EVENT_STEP_BACKOFF_S", 5)
 EVENT_RUN_BATCH = env_int("EVENT_RUN_BATCH", 10)
 EVENT_RECONCILE_LOOKBACK_S = env_int("EVENT_RECONCILE_LOOKBACK_S", 3600)
 EVENT_TICK_BUDGET_S = env_int("EVENT_TICK_BUDGET_S", 300)
+# What one run may hold (cleanup.validation): steps, and bytes of JSON params per step.
+EVENT_MAX_STEPS = env_int("EVENT_MAX_STEPS", 1000)
+EVENT_MAX_PARAMS_BYTES = env_int("EVENT_MAX_PARAMS_BYTES", 16 * 1024)
 
 # django-q2 on the ORM broker. A task is handed out again when it is not acknowledged
 # within `retry` seconds, so `timeout` stays well below it; a failing task is

@@ -48,7 +48,8 @@ SPAWN = {"action": "test.spawn", "params": {"count": 1}}
         ([{"action": "core.wait", "params": {}}], "steps[0].params",
          "seconds must be a number from 0 to 86400, got None"),
         ([SPAWN, "wait"], "steps[1]", 'each step is an object {"action", "params"}'),
-        ([{"action": "test.spawn", "params": [1]}], "steps[0].params", "params must be an object"),
+        ([{"action": "test.spawn", "params": [1]}], "steps[0].params",
+         "params must be an object, not an array"),
     ],
 )
 def test_each_refusal_names_the_step_and_the_field(steps, field, message):
@@ -81,7 +82,7 @@ def test_the_command_starts_a_run_and_refuses_bad_json():
                  stdout=out)
     run = Run.objects.get()
     assert out.getvalue().strip() == f"started run {run.pk} (raid) with 1 step(s)"
-    with pytest.raises(CommandError, match="--steps is not valid JSON"):
+    with pytest.raises(CommandError, match="--steps: is not valid JSON"):
         call_command("start_run", "--name", "raid", "--steps", "[{")
     with pytest.raises(CommandError, match=r"steps\[0\]\.action: no module registers the action 'zzz'"):
         call_command("start_run", "--name", "raid", "--steps", '[{"action": "zzz"}]')
@@ -91,7 +92,7 @@ def test_a_nul_character_is_refused_before_the_database_sees_it():
     with pytest.raises(RunSpecError) as refused:
         start_run("raid\x00", [{"action": "test.spawn", "params": {"count": 1, "note": ["a\x00b"]}}])
     assert refused.value.errors == {"name": "a name may not contain a NUL character",
-                                    "steps[0].params": "params may not contain a NUL character"}
+                                    "steps[0].params.note[0]": "may not contain a NUL character"}
     with pytest.raises(RunSpecError) as refused:
         start_run("raid", [{"action": "test.spawn", "params": {"count": 1, "note": {"k": "a\x00b"}}}])
-    assert refused.value.errors == {"steps[0].params": "params may not contain a NUL character"}
+    assert refused.value.errors == {"steps[0].params.note.k": "may not contain a NUL character"}

@@ -9,7 +9,9 @@ class StaffWithPermissions(BasePermission):
     An anonymous request is refused with 401 (DRF asks for credentials when no
     authenticator succeeded), a signed-in user who is not staff or lacks a permission
     with 403. HEAD is checked as GET; OPTIONS (the endpoint's description) needs staff
-    only; a method the view does not answer passes here so that DRF answers 405.
+    only. A method the view does not list in ``required_perms`` (``PUT``, or ``LIST`` and
+    ``DISPATCH``, which name attributes every view has) passes here so that DRF answers
+    405: only the listed methods have handlers.
     """
 
     def has_permission(self, request, view):
@@ -17,6 +19,7 @@ class StaffWithPermissions(BasePermission):
         if not (user and user.is_authenticated and user.is_active and user.is_staff):
             return False
         method = "GET" if request.method == "HEAD" else request.method
-        if method == "OPTIONS" or not hasattr(view, method.lower()):
+        perms = view.required_perms.get(method)
+        if method == "OPTIONS" or perms is None:
             return True
-        return user.has_perms(view.required_perms[method])
+        return user.has_perms(perms)

@@ -2,6 +2,7 @@
 
 from rest_framework import serializers
 
+from .. import validation
 from ..models import Resource, Run, RunLog, Step
 
 
@@ -14,7 +15,35 @@ class StrictBooleanField(serializers.BooleanField):
         self.fail("invalid", input=data)
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string only (``5`` is not taken as ``"5"``), checked by `cleanup.validation`."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_type", type=validation.json_type(data))
+        if message := validation.text_error(data, self.max_length or validation.MAX_REASON):
+            raise serializers.ValidationError(message)
+        return super().to_internal_value(data)
+
+    default_error_messages = {"invalid_type": "must be a string, not {type}"}
+
+
 # -- in -------------------------------------------------------------------------------
+
+
+class StrictSerializer(serializers.Serializer):
+    """A request body: a JSON object whose every field is one the endpoint knows."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({field: ["unknown field"] for field in unknown})
+        return super().to_internal_value(data)
+
+
+class EmptySerializer(StrictSerializer):
+    """No body, or an empty object."""
 
 
 class StepSpecSerializer(serializers.Serializer):
@@ -22,7 +51,7 @@ class StepSpecSerializer(serializers.Serializer):
     params = serializers.DictField(required=False, help_text="The action's parameters (default {}).")
 
 
-class RunStartSerializer(serializers.Serializer):
+class RunStartSerializer(StrictSerializer):
     """The body that starts a run, for the schema.
 
     `cleanup.runner.validate_spec` is what checks it, so a client sees the engine's own
@@ -33,18 +62,20 @@ class RunStartSerializer(serializers.Serializer):
     steps = StepSpecSerializer(many=True)
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(StrictSerializer):
     cleanup = StrictBooleanField(
         default=True,
         help_text="Give back what the run took (default). false leaves its rows for a person (rule 7).",
     )
 
 
-class WaiveSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=1000, help_text="Why nothing is given back; logged with the actor.")
+class WaiveSerializer(StrictSerializer):
+    reason = StrictCharField(
+        max_length=validation.MAX_REASON, help_text="Why nothing is given back; logged with the actor."
+    )
 
 
-class ReconcileSerializer(serializers.Serializer):
+class ReconcileSerializer(StrictSerializer):
     restarted = StrictBooleanField(
         default=False,
         help_text="As after a backend restart: also ask about recently given-back resources.",

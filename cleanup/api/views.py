@@ -8,7 +8,6 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import generics, status
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -19,6 +18,8 @@ from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
 from ..tasks import queue_reconcile
 from . import serializers as s
+from .errors import NOT_FOUND
+from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 
 # The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
@@ -43,7 +44,7 @@ class EventsAPI:
     # comment, not a docstring: the schema would show it as every endpoint's description.)
 
     permission_classes = [StaffWithPermissions]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     pagination_class = Page
     required_perms = {}
@@ -119,6 +120,10 @@ class RunListView(EventsAPI, generics.ListAPIView):
     def get_queryset(self):
         return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
 
+    def get_serializer_class(self):
+        # OPTIONS describes the POST input with this, not the runs it lists.
+        return s.RunStartSerializer if self.request and self.request.method == "POST" else s.RunSerializer
+
     @extend_schema(
         summary="List runs, newest first",
         parameters=[
@@ -177,8 +182,8 @@ class RunCancelView(EventsAPI, APIView):
         body.is_valid(raise_exception=True)
         try:
             cancel_run(pk, cleanup=body.validated_data["cleanup"], actor=actor(request))
-        except Run.DoesNotExist as exc:
-            raise NotFound(str(exc)) from None
+        except Run.DoesNotExist:
+            raise NotFound() from None
         except RunStateError as exc:
             raise Conflict(str(exc)) from None
         return Response(s.RunDetailSerializer(get_run(pk)).data)
@@ -188,7 +193,7 @@ class RunCancelView(EventsAPI, APIView):
     tags=["runs"],
     summary="Clean up an ended run now (a person's retry: resets its attempts)",
     request=None,
-    responses={202: s.CleanupQueuedSerializer, **errors(404, 409)},
+    responses={202: s.CleanupQueuedSerializer, **errors(400, 404, 409)},
 )
 class RunCleanupView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
@@ -198,6 +203,7 @@ class RunCleanupView(EventsAPI, APIView):
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
     def post(self, request, pk):
+        s.EmptySerializer(data=request.data).is_valid(raise_exception=True)
         run = get_object_or_404(Run, pk=pk)
         try:
             reset = request_cleanup(run, actor(request))
@@ -339,7 +345,7 @@ class ModuleReconcileView(EventsAPI, APIView):
         body.is_valid(raise_exception=True)
         # Checked here because the reconcile itself runs later, in a worker.
         if not module_known(name):
-            raise NotFound(f'no module is named "{name}"')
+            raise NotFound()
         restarted = body.validated_data["restarted"]
         queue_reconcile(module=name, restarted=restarted)
         answer = {"module": name, "restarted": restarted, "queued": True}
@@ -382,7 +388,7 @@ class SummaryView(EventsAPI, APIView):
 def not_found(request, exception=None):
     """A URL no endpoint matches answers JSON under /api/, like every other API error."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Not found."}, status=404)
+        return JsonResponse({"detail": NOT_FOUND}, status=404)
     return defaults.page_not_found(request, exception)
 
 

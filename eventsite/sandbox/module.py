@@ -16,6 +16,7 @@ This is the worked example of a module (see ``docs/modules.md``). What it shows:
 
 import functools
 import logging
+import math
 from urllib.parse import quote
 
 from cleanup import registry
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 MODULE = "sandbox"
 MAX_COUNT = 500
 MAX_TEXT = 200
+MAX_RATE = 1_000_000  # what the shard accepts (eventsite.sandbox.shard)
 CHUNK = 500  # refs per despawn or lookup request (the shard takes up to 1000)
 SPAWN_PARAMS = ("creature", "count", "at")
 
@@ -215,6 +217,10 @@ class SpawnerRateLease(registry.Lease):
     id = "sandbox.spawner_rate"
     module = MODULE
     budget_ms = 10_000
+
+    def validate(self, value):
+        if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_RATE:
+            raise ValueError(f"a spawner rate is a number from 0 to {MAX_RATE}, got {value!r}")
 
     @staticmethod
     def _path(target):

@@ -1,20 +1,21 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from cleanup.management.base import EventCommand, object_id, plain_text
 from cleanup.models import Run
 from cleanup.runner import RunStateError, cancel_run
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Cancel a running run; its cleanup is queued unless --no-cleanup."
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", type=int)
+        parser.add_argument("run_id", type=object_id)
         parser.add_argument(
             "--no-cleanup",
             action="store_true",
             help="leave what the run took in place, visible, until a person asks for its cleanup",
         )
-        parser.add_argument("--actor", default="command")
+        parser.add_argument("--actor", default="command", type=plain_text)
 
     def handle(self, *args, run_id, no_cleanup=False, actor="command", **options):
         try:

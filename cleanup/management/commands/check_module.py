@@ -1,8 +1,9 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from cleanup import registry, testing
+from cleanup.management.base import EventCommand
 
 
 def _json(text, what):
@@ -20,7 +21,7 @@ def _value(text):
         return text
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Check that an action or a lease keeps the module contract, against its real backend."
 
     def add_arguments(self, parser):

@@ -1,20 +1,21 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from cleanup.conf import max_revert_attempts
+from cleanup.management.base import EventCommand, object_id, plain_text
 from cleanup.models import Resource, Run
 from cleanup.sweep import CleanupRefused, cleanup_run
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = (
         "Give back what one ended run still holds, within its attempt ceiling. Rows waiting "
         "for their backoff wait, unless --now; rows at the ceiling need --reset."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", type=int)
+        parser.add_argument("run_id", type=object_id)
         parser.add_argument(
             "--reset",
             action="store_true",
@@ -25,7 +26,7 @@ class Command(BaseCommand):
             action="store_true",
             help="do not wait for the backoff of failed rows (their attempt counters stay)",
         )
-        parser.add_argument("--actor", default=None, help="who asks (logged with --reset)")
+        parser.add_argument("--actor", default=None, type=plain_text, help="who asks (logged with --reset)")
 
     def handle(self, *args, run_id, reset=False, now=False, actor=None, **options):
         run = Run.objects.filter(pk=run_id).first()

@@ -1,13 +1,14 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from cleanup.management.base import EventCommand, plain_text
 from cleanup.reconcile import UnknownModule, reconcile_all, reconcile_module
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Ask modules which ledgered resources are still in the world."
 
     def add_arguments(self, parser):
-        parser.add_argument("--module", help="reconcile this module only (default: every module)")
+        parser.add_argument("--module", type=plain_text, help="reconcile this module only (default: every module)")
         parser.add_argument(
             "--restarted",
             action="store_true",

@@ -1,9 +1,9 @@
-from django.core.management.base import BaseCommand
 
+from cleanup.management.base import EventCommand
 from cleanup.sweep import sweep
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Run the cleanup leg once: give back what ended runs still hold."
 
     def handle(self, *args, **options):

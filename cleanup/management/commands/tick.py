@@ -1,9 +1,9 @@
-from django.core.management.base import BaseCommand
 
+from cleanup.management.base import EventCommand
 from cleanup.runner import tick
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Run one tick: advance running runs, then give back what ended runs hold."
 
     def handle(self, *args, **options):

@@ -1,12 +1,13 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from cleanup.management.base import EventCommand
 from cleanup.models import Resource, Run
 from cleanup.sweep import waive
 
 MAX_ID = 2**63 - 1  # the largest id the database holds
 
 
-class Command(BaseCommand):
+class Command(EventCommand):
     help = "Resolve unresolved ledger rows by hand (waived), with a reason and who decided."
 
     def add_arguments(self, parser):

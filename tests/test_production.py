@@ -1,0 +1,210 @@
+"""The site in production: the README's environment passes `check --deploy`, gunicorn serves
+it with WhiteNoise, `/healthz` tells a load balancer whether it can work, failures are logged."""
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from unittest import mock
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection
+from django.utils import timezone
+from django_q.models import Schedule
+
+from cleanup.tasks import SCHEDULE_NAME, ensure_schedule
+from tests.test_api_access import user_with
+
+ROOT = settings.BASE_DIR
+MANAGE = [sys.executable, str(ROOT / "manage.py")]
+
+
+def documented_environment():
+    """The variables the README's "Running in production" section exports, as it gives them."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Running in production", 1)[1].split("\n## ", 1)[0]
+    env = {}
+    for line in section.splitlines():
+        match = re.fullmatch(r"\s+export (\w+)=(.*)", line)
+        if match:
+            name, value = match.groups()
+            (value,) = shlex.split(value) if "$(" not in value else [None]
+            env[name] = value
+    assert {"SECRET_KEY", "ALLOWED_HOSTS", "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS"} <= set(env), env
+    # The command it gives for the key, run as the shell would.
+    command = re.search(r"export SECRET_KEY=\"\$\((.*)\)\"", section).group(1)
+    env["SECRET_KEY"] = subprocess.run(shlex.split(command), capture_output=True, text=True, check=True).stdout.strip()
+    return env
+
+
+def site_environment(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECURE_", "DJANGO_SETTINGS"))}
+    return {**env, "DJANGO_SETTINGS_MODULE": "eventsite.settings", **extra}
+
+
+def test_it_passes_check_deploy_with_the_documented_environment():
+    env = site_environment(**documented_environment())
+    result = subprocess.run([*MANAGE, "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "no issues" in result.stdout
+
+
+def test_check_deploy_warns_without_the_https_settings():
+    env = site_environment(DEBUG="0", SECRET_KEY=documented_environment()["SECRET_KEY"], ALLOWED_HOSTS="x.example")
+    result = subprocess.run([*MANAGE, "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert {"security.W004", "security.W008", "security.W012", "security.W016"} <= set(
+        re.findall(r"security\.W\d+", result.stderr + result.stdout))
+
+
+# -- /healthz -------------------------------------------------------------------------------
+
+
+def fire_schedule(ago_s):
+    schedule = ensure_schedule()
+    Schedule.objects.filter(pk=schedule.pk).update(next_run=timezone.now() - timedelta(seconds=ago_s))
+
+
+@pytest.mark.django_db
+def test_healthz_is_ok_when_the_database_answers_and_the_tick_fired_recently(client):
+    fire_schedule(ago_s=-50)  # the scheduler moved it a minute ahead ten seconds ago
+    response = client.get("/healthz")
+    assert (response.status_code, response.content) == (200, b"ok\n")
+    assert "no-cache" in response["Cache-Control"]
+
+
+@pytest.mark.django_db
+def test_healthz_is_503_when_no_scheduler_fired_the_tick(client):
+    fire_schedule(ago_s=600)
+    response = client.get("/healthz")
+    assert (response.status_code, response.content) == (503, b"not ok\n")
+
+
+@pytest.mark.django_db
+def test_healthz_is_503_without_a_schedule(client):
+    Schedule.objects.filter(name=SCHEDULE_NAME).delete()
+    assert client.get("/healthz").status_code == 503
+
+
+@pytest.mark.django_db
+def test_healthz_is_503_when_the_database_does_not_answer(client):
+    fire_schedule(ago_s=0)
+    with mock.patch.object(connection, "cursor", side_effect=OperationalError("connection refused")):
+        response = client.get("/healthz")
+    assert (response.status_code, response.content) == (503, b"not ok\n")
+
+
+@pytest.mark.django_db
+def test_healthz_reads_only(client):
+    assert client.post("/healthz").status_code == 405
+
+
+# -- the site's front doors -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_root_leads_to_the_admin(client):
+    response = client.get("/")
+    assert response.status_code == 302 and response["Location"] == "/admin/"
+
+
+@pytest.mark.django_db
+def test_the_schema_and_the_docs_page_are_for_staff_and_load_nothing_from_a_cdn(client):
+    for path in ("/api/schema/", "/api/docs/"):
+        assert client.get(path).status_code in (401, 403), path
+    client.force_login(user_with(username="clerk", staff=False))
+    assert client.get("/api/docs/").status_code == 403
+    client.force_login(user_with(username="staff"))
+    assert client.get("/api/schema/").status_code == 200
+    page = client.get("/api/docs/").content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
+    assert not re.search(r"(src|href)=\"https?://", page), "the docs page loads something from the network"
+
+
+FAIL_A_REQUEST = """
+import logging
+from unittest import mock
+
+import django
+from django.test import Client
+
+django.setup()
+print(sorted(type(h).__name__ for h in logging.getLogger("django.request").handlers))
+with mock.patch("cleanup.health.healthy", side_effect=RuntimeError("the disk is on fire")):
+    print(Client(raise_request_exception=False).get("/healthz").status_code)
+"""
+
+
+def fail_a_request(**env):
+    """In a fresh process with the site's own logging: its handlers, and a request that fails."""
+    env = site_environment(DEBUG="0", SECRET_KEY="x" * 50, ALLOWED_HOSTS="testserver", **env)
+    return subprocess.run([sys.executable, "-c", FAIL_A_REQUEST], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)
+
+
+def test_a_failing_request_is_logged_with_its_traceback_on_stderr_and_mailed_only_when_configured():
+    result = fail_a_request()
+    assert result.stdout.split("\n")[:2] == ["['StreamHandler']", "500"]
+    assert "ERROR django.request Internal Server Error: /healthz" in result.stderr
+    assert "Traceback" in result.stderr and "RuntimeError: the disk is on fire" in result.stderr
+    mailed = fail_a_request(ADMINS="ops@example.com", EMAIL_HOST="127.0.0.1", EMAIL_PORT="9")
+    assert mailed.stdout.startswith("['AdminEmailHandler', 'StreamHandler']")
+
+
+# -- gunicorn -------------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def database_url():
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environment(tmp_path):
+    fire_schedule(ago_s=0)
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "probe.txt").write_text("served by whitenoise")
+    port = free_port()
+    env = site_environment(**{**documented_environment(), "ALLOWED_HOSTS": "127.0.0.1",
+                              "DATABASE_URL": database_url(), "STATIC_ROOT": str(static)})
+    gunicorn = [sys.executable, "-m", "gunicorn", "eventsite.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    log = (tmp_path / "gunicorn.log").open("w")
+    process = subprocess.Popen(gunicorn, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        response = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                response = httpx.get(f"{base}/healthz", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert response is not None, (tmp_path / "gunicorn.log").read_text()
+        assert (response.status_code, response.text) == (200, "ok\n")
+        static_file = httpx.get(f"{base}/static/probe.txt", timeout=5, headers={"X-Forwarded-Proto": "https"})
+        assert (static_file.status_code, static_file.text) == (200, "served by whitenoise")
+        # Everything but /healthz goes to HTTPS.
+        assert httpx.get(f"{base}/admin/", timeout=5).status_code == 301
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
