@@ -1,48 +1,253 @@
-"""The admin: runs with their steps, ledger and log; the ledger itself; the log.
+"""The admin: what needs a person first, runs, the ledger and the log, read-only.
 
-Everything is read-only here except through the actions, which call the engine.
+Nothing here edits a row: every change goes through an action, confirmed on a page of
+its own, which calls the engine and records who asked, in the run log and in the
+admin's recent actions. Lists never count, facet or DISTINCT a whole table: counts are
+capped, filters have fixed choices, and the queries behind "needs attention" read the
+partial indexes of unresolved rows only.
 """
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+from django.http import HttpResponseRedirect
+from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.utils.html import format_html, format_html_join
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
-from .models import UNRESOLVED, Resource, Run, RunLog, Step
+from . import timeline
+from .admin_lists import (
+    KindFilter,
+    LogKindFilter,
+    ModuleFilter,
+    NeedsFilter,
+    ReadOnlyAdmin,
+    attempt_text,
+    filtered,
+    next_attempt,
+    run_link,
+    when,
+)
+from .conf import max_revert_attempts
+from .manual import check_cleanup, request_cleanups, waive
+from .models import (
+    UNRESOLVED,
+    Alert,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+    RunStatus,
+    Step,
+)
+from .plan import WAITING, cleanup_plan
 from .runner import RunStateError, cancel_run
-from .sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
+from .sweep import CleanupRefused
+
+# Lists need the width more than a second menu of the models the index already lists.
+admin.site.enable_nav_sidebar = False
+
+# How much of a run its page shows; the rest is one link away, in the filtered lists.
+PAGE_ROWS = 50
+PAGE_STEPS = 50
+PAGE_LOG = 50
+PLAN_ROWS = 200
+ERROR_CHARS = 70
 
 
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
+def _actor(request):
+    return request.user.get_username()
 
 
-class StepInline(ReadOnlyInline):
-    model = Step
-    fields = ["position", "action_id", "params", "status", "attempts", "last_error", "next_attempt_at"]
-    readonly_fields = fields
+# -- runs ---------------------------------------------------------------------------------
 
 
-class ResourceInline(ReadOnlyInline):
-    model = Resource
-    fields = ["kind", "ref", "module", "state", "revert_attempts", "last_error", "payload"]
-    readonly_fields = fields
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
+    list_display_links = ["id", "name"]
+    list_filter = ["status", "cleanup_status"]
+    search_fields = ["name"]
+    fields = [("name", "status", "cleanup_status"), ("auto_cleanup", "wakes", "created", "ended")]
+    readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wakes", "created", "ended"]
+    actions = ["clean_up", "cancel_with_cleanup", "cancel_without_cleanup"]
+    change_form_template = "admin/cleanup/run/change_form.html"
+    ordering = ["-id"]
+
+    def get_queryset(self, request):
+        # Counted per listed run through the partial index of unresolved rows.
+        unresolved = (
+            Resource.objects.filter(run=OuterRef("pk"), state__in=UNRESOLVED)
+            .order_by().values("run").annotate(n=Count("id")).values("n")
+        )
+        return super().get_queryset(request).annotate(
+            _unresolved=Coalesce(Subquery(unresolved, output_field=IntegerField()), 0)
+        )
+
+    @admin.display(description="unresolved rows")
+    def unresolved(self, obj):
+        if not obj._unresolved:
+            return 0
+        return format_html('<a href="{}"><strong style="color:#ba2121">{}</strong></a>',
+                           filtered("resource", run__id__exact=obj.pk, needs="unresolved"), obj._unresolved)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj):
+        return when(obj.created_at)
+
+    @admin.display(description="ended", ordering="ended_at")
+    def ended(self, obj):
+        return when(obj.ended_at)
+
+    @admin.display(description="next look")
+    def wakes(self, obj):
+        # An ended run is never woken again: its wake time would only mislead.
+        return "-" if obj.is_terminal else when(obj.wake_at)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, object_id)
+        extra = {}
+        if run is not None:
+            extra = self.run_page(request, run)
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def run_page(self, request, run):
+        """Steps, rows (unresolved first), log (newest first) and plan, each capped."""
+        max_attempts = max_revert_attempts()
+        now = timezone.now()
+        rows = list(
+            Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("run").order_by("id")[:PAGE_ROWS]
+        )
+        if len(rows) < PAGE_ROWS:
+            rows += list(Resource.objects.filter(run=run).exclude(state__in=UNRESOLVED)
+                         .select_related("run").order_by("-id")[: PAGE_ROWS - len(rows)])
+        for row in rows:
+            row.attempt_text = attempt_text(row, max_attempts, now)
+        counts = dict(Resource.objects.filter(run=run).order_by().values_list("state").annotate(n=Count("id")))
+        # ?live=1 also reads each leased target through its lease, under the lease's budget.
+        plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=request.GET.get("live") == "1")
+        return {
+            "run": run,
+            "rows": rows,
+            "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
+            "row_total": sum(counts.values()),
+            "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
+            "steps": list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS]),
+            "step_total": Step.objects.filter(run=run).count(),
+            "log": list(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
+            "log_total": RunLog.objects.filter(run=run).count(),
+            "plan": plan,
+            "plan_capped": sum(len(g["rows"]) for g in plan) >= PLAN_ROWS,
+            "has_leases": any("lease" in g["rows"][0] for g in plan),
+            "waiting": WAITING,
+            "timeline": timeline.svg(run),
+            "links": {
+                "rows": filtered("resource", run__id__exact=run.pk),
+                "unresolved": filtered("resource", run__id__exact=run.pk, needs="unresolved"),
+                "steps": filtered("step", run__id__exact=run.pk),
+                "log": filtered("runlog", run__id__exact=run.pk),
+            },
+            "can_clean_up": self.has_cleanup_run_permission(request),
+            "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
+            "max_attempts": max_attempts,
+        }
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
+        if obj is None or not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists():
+            return False
+        return request.user.has_perm("cleanup.delete_run")
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # deleting a run deletes its ledger
+        return actions
+
+    def has_cleanup_run_permission(self, request):
+        return request.user.has_perm("cleanup.cleanup_run")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("cleanup.change_run")
+
+    @admin.action(permissions=["cleanup_run"], description="Clean up now (a person's retry: resets attempts)")
+    def clean_up(self, request, queryset):
+        """Confirmed on a page that shows what will be reset and what the pass will do."""
+        runs = list(queryset.order_by("id"))
+        if "apply" not in request.POST:
+            return self.confirm(request, runs, "clean_up", "Clean up now", self.cleanup_preview(runs))
+        accepted, refused = request_cleanups(runs, _actor(request))
+        for text in refused:
+            self.message_user(request, text, messages.WARNING)
+        for run, reset in accepted:
+            self.log_change(request, run, f"Clean up now: {reset} row(s) reset, a pass queued")
+        if accepted:
+            links = format_html(", ".join(["{}"] * len(accepted)), *[run_link(r.pk, r.name) for r, _ in accepted])
+            self.message_user(request, format_html(
+                "Cleanup queued for {} run(s): {}. Their rows are back under the attempt ceiling; "
+                "each run's page shows the pass's outcome.", len(accepted), links), messages.SUCCESS)
+        if len(runs) == 1:
+            return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
+        return None
+
+    def cleanup_preview(self, runs):
+        preview = []
+        for run in runs[:PAGE_ROWS]:
+            try:
+                check_cleanup(run)
+                refusal = None
+            except CleanupRefused as exc:
+                refusal = str(exc)
+            entry = {"run": run, "refusal": refusal}
+            if refusal is None:
+                counts = dict(Resource.objects.filter(run=run, state__in=UNRESOLVED).order_by()
+                              .values_list("state").annotate(n=Count("id")))
+                entry["reset"] = sorted(counts.items())
+                entry["plan"] = cleanup_plan(run, max_rows=PAGE_ROWS)
+            preview.append(entry)
+        return preview
+
+    @admin.action(permissions=["cancel"], description="Cancel, and give back what they took")
+    def cancel_with_cleanup(self, request, queryset):
+        return self.cancel(request, queryset, True)
+
+    @admin.action(permissions=["cancel"], description="Cancel, and leave what they took for later")
+    def cancel_without_cleanup(self, request, queryset):
+        return self.cancel(request, queryset, False)
+
+    def cancel(self, request, queryset, cleanup):
+        runs = list(queryset.order_by("id"))
+        action = "cancel_with_cleanup" if cleanup else "cancel_without_cleanup"
+        title = "Cancel and give back" if cleanup else "Cancel and leave for later"
+        if "apply" not in request.POST:
+            preview = [{"run": r, "refusal": None if r.status == RunStatus.RUNNING else
+                        f"run {r.pk} has already ended ({r.status}); nothing to cancel"} for r in runs[:PAGE_ROWS]]
+            return self.confirm(request, runs, action, title, preview, cleanup=cleanup)
+        done = 0
+        for run in runs:
+            try:
+                cancel_run(run.pk, cleanup=cleanup, actor=_actor(request))
+            except (RunStateError, Run.DoesNotExist) as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+                continue
+            done += 1
+            self.log_change(request, run, f"{title}")
+        if done:
+            self.message_user(request, f"Cancelled {done} run(s).", messages.SUCCESS)
+        return None
+
+    def confirm(self, request, runs, action, title, preview, **extra):
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "runs": runs, "preview": preview,
+            "more": max(0, len(runs) - len(preview)), "action": action, "title": title,
+            "waiting": WAITING, **extra,
+        }
+        return TemplateResponse(request, "admin/cleanup/run/confirm_action.html", context)
 
 
-class RunLogInline(ReadOnlyInline):
-    model = RunLog
-    fields = ["at", "kind", "detail"]
-    readonly_fields = fields
-    show_change_link = False
+# -- the ledger ---------------------------------------------------------------------------
 
 
 class WaiveForm(forms.Form):
@@ -56,114 +261,86 @@ class WaiveForm(forms.Form):
         return reason
 
 
-def _actor(request):
-    return request.user.get_username()
+@admin.register(Resource)
+class ResourceAdmin(ReadOnlyAdmin):
+    list_display = ["ref_short", "state", "attempt", "error", "run_name"]
+    list_display_links = ["ref_short"]
+    list_filter = [NeedsFilter, "state", ModuleFilter, KindFilter, "run__cleanup_status"]
+    search_fields = ["ref"]
+    list_select_related = ["run"]
+    ordering = ["-id"]
+    actions = ["waive_rows"]
+    fieldsets = [
+        (None, {"fields": ["run_name", "step", "module", "kind", "ref", "member_key", "state", "attempt",
+                           "next_try", "last_error_whole"]}),
+        ("Waiver", {"fields": ["waived_reason", "waived_by", "waived_when"]}),
+        ("Attempts, newest first", {"fields": ["attempt_history"]}),
+        ("Record", {"fields": ["payload", "created", "updated", "resolved", "resurrected_from"]}),
+    ]
+    readonly_fields = ["run_name", "step", "module", "kind", "ref", "member_key", "state", "attempt", "next_try",
+                       "last_error_whole", "waived_reason", "waived_by", "waived_when", "attempt_history",
+                       "payload", "created", "updated", "resolved", "resurrected_from"]
 
+    def get_fieldsets(self, request, obj=None):
+        if obj is not None and obj.state != ResourceState.WAIVED:
+            return [f for f in self.fieldsets if f[0] != "Waiver"]
+        return self.fieldsets
 
-@admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created_at", "ended_at"]
-    list_filter = ["status", "cleanup_status"]
-    search_fields = ["name"]
-    readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wake_at", "created_at",
-                       "updated_at", "ended_at", "plan"]
-    exclude = ["claim_token", "claim_expires_at"]
-    inlines = [StepInline, ResourceInline, RunLogInline]
-    actions = ["clean_up", "cancel_with_cleanup", "cancel_without_cleanup"]
+    @admin.display(description="ref", ordering="ref")
+    def ref_short(self, obj):
+        return truncatechars(obj.ref, 32)
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            _unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))
-        )
+    @admin.display(description="attempts")
+    def attempt(self, obj):
+        return attempt_text(obj, max_revert_attempts(), timezone.now())
 
-    @admin.display(description="unresolved rows", ordering="_unresolved")
-    def unresolved(self, obj):
-        if not obj._unresolved:
-            return 0
-        return format_html('<strong style="color:#ba2121">{}</strong>', obj._unresolved)
+    @admin.display(description="last error")
+    def error(self, obj):
+        if not obj.last_error:
+            return "-"
+        return format_html('<span title="{}">{}</span>', obj.last_error, truncatechars(obj.last_error, ERROR_CHARS))
 
-    @admin.display(description="cleanup plan")
-    def plan(self, obj):
-        """What the next pass would do, read without side effects (rule 12)."""
-        groups = cleanup_plan(obj) if obj.pk else []
-        if not groups:
-            return "nothing left to give back"
-        return format_html(
-            "<table><tr><th>verb</th><th>rows</th><th>attempts left</th><th>problem</th></tr>{}</table>",
-            format_html_join(
-                "",
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                (
-                    (
-                        g["verb"] or "-",
-                        ", ".join(f'{r["ref"]} ({r["state"]})' for r in g["rows"]),
-                        min(r["attempts_left"] for r in g["rows"]),
-                        g["problem"] or "",
-                    )
-                    for g in groups
-                ),
-            ),
-        )
+    @admin.display(description="last error")
+    def last_error_whole(self, obj):
+        if not obj.last_error:
+            return "-"
+        return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>', obj.last_error)
 
-    def has_add_permission(self, request):
-        return False
+    @admin.display(description="run", ordering="run_id")
+    def run_name(self, obj):
+        return run_link(obj.run_id, obj.run.name)
 
-    def has_delete_permission(self, request, obj=None):
-        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
-        if obj is not None and (not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists()):
-            return False
-        return super().has_delete_permission(request, obj)
+    @admin.display(description="next attempt")
+    def next_try(self, obj):
+        at = next_attempt(obj, max_revert_attempts())
+        if at is None:
+            return "none: " + attempt_text(obj, max_revert_attempts(), timezone.now())
+        return when(at) if at > timezone.now() else "at the next pass"
+
+    @admin.display(description="waived at")
+    def waived_when(self, obj):
+        return when(obj.waived_at)
+
+    @admin.display(description="created")
+    def created(self, obj):
+        return when(obj.created_at)
+
+    @admin.display(description="updated")
+    def updated(self, obj):
+        return when(obj.updated_at)
+
+    @admin.display(description="resolved")
+    def resolved(self, obj):
+        return when(obj.resolved_at)
+
+    @admin.display(description="every attempt")
+    def attempt_history(self, obj):
+        return history_table(obj)
 
     def get_actions(self, request):
         actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # it would not ask each run whether it owes anything
+        actions.pop("delete_selected", None)
         return actions
-
-    def has_cleanup_run_permission(self, request):
-        return request.user.has_perm("cleanup.cleanup_run")
-
-    @admin.action(permissions=["cleanup_run"], description="Clean up now (a person's retry: resets attempts)")
-    def clean_up(self, request, queryset):
-        self._each(request, queryset, lambda run: request_cleanup(run, _actor(request)), "Cleanup queued for")
-
-    @admin.action(permissions=["change"], description="Cancel, and give back what they took")
-    def cancel_with_cleanup(self, request, queryset):
-        self._each(request, queryset, lambda run: cancel_run(run.pk, actor=_actor(request)), "Cancelled")
-
-    @admin.action(permissions=["change"], description="Cancel, and leave what they took for later")
-    def cancel_without_cleanup(self, request, queryset):
-        self._each(
-            request, queryset, lambda run: cancel_run(run.pk, cleanup=False, actor=_actor(request)), "Cancelled"
-        )
-
-    def _each(self, request, queryset, engine_call, done_text):
-        """Call the engine for each run; report how many it took and each refusal."""
-        done = 0
-        for run in queryset:
-            try:
-                engine_call(run)
-                done += 1
-            except (CleanupRefused, RunStateError) as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-        if done:
-            self.message_user(request, f"{done_text} {done} run(s).", messages.SUCCESS)
-
-
-@admin.register(Resource)
-class ResourceAdmin(admin.ModelAdmin):
-    list_display = ["id", "run", "module", "kind", "ref", "state", "revert_attempts", "last_error", "updated_at"]
-    list_filter = ["state", "module", "kind"]
-    search_fields = ["ref", "run__name", "last_error"]
-    list_select_related = ["run"]
-    readonly_fields = [f.name for f in Resource._meta.fields if f.name not in ("claim_token", "claim_expires_at")]
-    exclude = ["claim_token", "claim_expires_at"]
-    actions = ["waive_rows"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # the ledger is resolved (given back, orphaned, waived), never deleted
 
     def has_cleanup_run_permission(self, request):
         return request.user.has_perm("cleanup.cleanup_run")
@@ -172,27 +349,108 @@ class ResourceAdmin(admin.ModelAdmin):
     def waive_rows(self, request, queryset):
         """Asks for the reason first (an intermediate page), then waives."""
         form = WaiveForm(request.POST if "apply" in request.POST else None)
+        rows = list(queryset.select_related("run")[:1000])
         if form.is_valid():
-            count = waive(list(queryset), form.cleaned_data["reason"], _actor(request))
+            count = waive(rows, form.cleaned_data["reason"], _actor(request))
+            for run_id, name in sorted({(r.run_id, r.run.name) for r in rows}):
+                self.log_change(request, Run(pk=run_id, name=name),
+                                f"Waived rows: {form.cleaned_data['reason']}")
             self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
             return None
-        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "rows": queryset,
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "rows": rows,
                    "form": form, "title": "Waive ledger rows"}
         return TemplateResponse(request, "admin/cleanup/resource/waive.html", context)
 
 
-@admin.register(RunLog)
-class RunLogAdmin(admin.ModelAdmin):
-    list_display = ["at", "run", "kind", "detail"]
-    list_filter = ["kind"]
-    search_fields = ["run__name", "kind"]
+HISTORY_CAP = 200
+
+
+def history_table(row):
+    """Every attempt on the row, newest first, read by row (an index on the attempt table)."""
+    attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
+    if not attempts:
+        return "no attempt yet"
+    body = format_html("".join(
+        ["<tr><td>{}</td><td>{}</td><td>{}</td><td><pre style='white-space:pre-wrap;margin:0'>{}</pre></td>"
+         "<td>{}</td></tr>"] * len(attempts)),
+        *[v for a in attempts for v in (a.number, when(a.at), a.outcome, a.error or "-", a.by or "-")])
+    return format_html(
+        '<table class="attempt-history"><thead><tr><th>#</th><th>at</th><th>outcome</th><th>error</th>'
+        "<th>by</th></tr></thead><tbody>{}</tbody></table>", body)
+
+
+# -- steps and the log ----------------------------------------------------------------------
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = ["position", "action_id", "status", "attempts", "error", "run_name", "finished"]
+    list_filter = ["status"]
     list_select_related = ["run"]
+    ordering = ["run_id", "position"]
+    fields = ["run_name", "position", "action_id", "params", "status", "attempts", "last_error", "started",
+              "finished", "idempotency_key"]
+    readonly_fields = fields
 
-    def has_add_permission(self, request):
-        return False
+    @admin.display(description="last error")
+    def error(self, obj):
+        return truncatechars(obj.last_error, ERROR_CHARS) if obj.last_error else "-"
 
-    def has_change_permission(self, request, obj=None):
-        return False
+    @admin.display(description="run")
+    def run_name(self, obj):
+        return run_link(obj.run_id, obj.run.name)
 
-    def has_delete_permission(self, request, obj=None):
-        return False
+    @admin.display(description="started")
+    def started(self, obj):
+        return when(obj.started_at)
+
+    @admin.display(description="finished")
+    def finished(self, obj):
+        return when(obj.finished_at)
+
+
+@admin.register(RunLog)
+class RunLogAdmin(ReadOnlyAdmin):
+    list_display = ["logged", "run_name", "kind", "detail_short"]
+    list_filter = [LogKindFilter]
+    list_select_related = ["run"]
+    ordering = ["-id"]
+    fields = ["run_name", "kind", "detail", "logged"]
+    readonly_fields = fields
+
+    @admin.display(description="at", ordering="at")
+    def logged(self, obj):
+        return when(obj.at)
+
+    @admin.display(description="run")
+    def run_name(self, obj):
+        return run_link(obj.run_id, obj.run.name)
+
+    @admin.display(description="detail")
+    def detail_short(self, obj):
+        return truncatechars(str(obj.detail), 120)
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    """The alerts outbox: what staff were told, by which channel, and what a failed send said."""
+
+    list_display = ["created", "run_name", "event", "channel", "sent", "attempts", "last_error"]
+    list_filter = ["event", "channel"]
+    list_select_related = ["run"]
+    ordering = ["-id"]
+    fields = ["run_name", "event", "channel", "created", "sent", "attempts", "next_attempt_at", "last_error",
+              "payload"]
+    readonly_fields = fields
+
+    @admin.display(description="created")
+    def created(self, obj):
+        return when(obj.created_at)
+
+    @admin.display(description="sent")
+    def sent(self, obj):
+        return when(obj.sent_at) if obj.sent_at else "not yet"
+
+    @admin.display(description="run")
+    def run_name(self, obj):
+        return run_link(obj.run_id, obj.run.name)

@@ -30,6 +30,15 @@ class CleanupStatus(models.TextChoices):
     INCOMPLETE = "incomplete", "incomplete"
 
 
+class AlertedStatus(models.TextChoices):
+    """What staff were last told about a run's cleanup (`cleanup.alerts`)."""
+
+    NOTHING = "", "nothing"
+    GAVE_UP = "incomplete", "gave up"
+    RETRIED = "retried", "gave up, then a person retried"
+    RECOVERED = "complete", "recovered"
+
+
 class StepStatus(models.TextChoices):
     PENDING = "pending", "pending"
     RUNNING = "running", "running"
@@ -75,6 +84,11 @@ class Run(models.Model):
     # The runner's claim on advancing the run: one ticker at a time performs its steps.
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # What staff were last told (cleanup.alerts): a transition is told once, by whoever
+    # moves this with a conditional UPDATE.
+    alerted_status = models.CharField(
+        max_length=16, choices=AlertedStatus.choices, default=AlertedStatus.NOTHING, blank=True, editable=False
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -88,6 +102,15 @@ class Run(models.Model):
                 fields=["wake_at"],
                 name="run_running_wake_idx",
                 condition=Q(status="running"),
+            ),
+            # The admin's "needs attention": runs whose cleanup gave up.
+            models.Index(fields=["id"], name="run_incomplete_idx", condition=Q(cleanup_status="incomplete")),
+            # cleanup.alerts.notice: transitions staff have not been told about.
+            models.Index(
+                fields=["id"],
+                name="run_alert_due_idx",
+                condition=(Q(cleanup_status="incomplete") & ~Q(alerted_status="incomplete"))
+                | Q(cleanup_status="complete", alerted_status__in=["incomplete", "retried"]),
             ),
         ]
 
@@ -170,18 +193,20 @@ class ResourceQuerySet(models.QuerySet):
             updated_at=now,
         )
 
-    def resolve_logged(self, condition, state, error, log_kind, **detail):
+    def resolve_logged(self, condition, state, error, log_kind, also=None, **detail):
         """Resolve the rows of this queryset that still match ``condition``, and log each.
 
         The rows are locked first, so the log names exactly the rows that changed (one a
-        sweeper claimed meanwhile no longer matches). Answers the rows resolved.
+        sweeper claimed meanwhile no longer matches). Answers the rows resolved. An
+        ``error`` of None keeps each row's last error; ``also`` sets more fields.
         """
         now = timezone.now()
+        fields = {} if error is None else {"last_error": error}
         with transaction.atomic():
             rows = list(self.select_for_update().filter(condition).order_by("id"))
             Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-                state=state, last_error=error, claim_token=None, claim_expires_at=None,
-                resolved_at=now, updated_at=now,
+                state=state, claim_token=None, claim_expires_at=None,
+                resolved_at=now, updated_at=now, **fields, **(also or {}),
             )
             RunLog.objects.bulk_create(
                 RunLog(run_id=row.run_id, kind=log_kind, at=now,
@@ -245,6 +270,10 @@ class Resource(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # A person's waiver, kept apart from the last error it leaves in place.
+    waived_reason = models.TextField(blank=True, default="")
+    waived_by = models.CharField(max_length=150, blank=True, default="")
+    waived_at = models.DateTimeField(null=True, blank=True)
 
     objects = ResourceQuerySet.as_manager()
 
@@ -287,6 +316,18 @@ class Resource(models.Model):
             models.Index(
                 fields=["run"],
                 name="res_unresolved_idx",
+                condition=Q(state__in=["live", "reverting", "failed", "drifted"]),
+            ),
+            # The admin's "needs attention": the oldest unresolved row, and the ledger's
+            # unresolved filters, newest first, without reading resolved history.
+            models.Index(
+                fields=["created_at"],
+                name="res_unresolved_age_idx",
+                condition=Q(state__in=["live", "reverting", "failed", "drifted"]),
+            ),
+            models.Index(
+                fields=["-id"],
+                name="res_unresolved_id_idx",
                 condition=Q(state__in=["live", "reverting", "failed", "drifted"]),
             ),
         ]
@@ -367,3 +408,37 @@ class RunLog(models.Model):
     @classmethod
     def write(cls, run_id, kind, **detail):
         return cls.objects.create(run_id=run_id, kind=kind, detail=detail)
+
+
+class AlertChannel(models.TextChoices):
+    MAIL = "mail", "mail to ADMINS"
+    WEBHOOK = "webhook", "POST to EVENT_ALERT_WEBHOOK_URL"
+
+
+class Alert(models.Model):
+    """The outbox: one message to deliver, written with the transition it tells.
+
+    Delivery claims a row with a conditional UPDATE (``claimed_until``), sends outside any
+    transaction, and marks it sent; a failure waits out a backoff and is tried again.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts")
+    event = models.CharField(max_length=64)  # the log kind: cleanup.gave_up, cleanup.recovered
+    channel = models.CharField(max_length=16, choices=AlertChannel.choices)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # cleanup.alerts.deliver: messages not yet sent, by when they are due.
+            models.Index(fields=["next_attempt_at"], name="alert_unsent_idx", condition=Q(sent_at__isnull=True)),
+        ]
+
+    def __str__(self):
+        return f"{self.event} for run {self.run_id} by {self.channel}"

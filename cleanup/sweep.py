@@ -25,6 +25,7 @@ from . import calls, registry
 from .calls import Outcome, Verdict
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .leases import HANDED_DOWN, give_back_lease
+from .manual import reset_for_person
 from .models import (
     LEASE_KIND,
     STEP_KIND,
@@ -125,28 +126,6 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     if summary.attempted:
         RunLog.write(run.pk, "cleanup.swept", **asdict(summary), by=actor or by)
     return summary
-
-
-def reset_for_person(run, actor):
-    """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep."""
-    now = timezone.now()
-    rows = Resource.objects.filter(run=run).filter(
-        Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED))
-        | Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
-    )
-    with transaction.atomic():
-        ids = list(rows.values_list("id", flat=True))
-        Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(
-            state=ResourceState.LIVE
-        )
-        cleared = rows.filter(pk__in=ids).update(
-            revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
-        )
-        Run.objects.filter(pk=run.pk).update(
-            cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now
-        )
-        RunLog.write(run.pk, "cleanup.retry", resources=cleared, by=actor)
-    return cleared
 
 
 def work_group(run, group, summary):
@@ -387,89 +366,3 @@ def _release_spent_claims(now):
     for run in Run.objects.filter(pk__in={r.run_id for r in released}):
         refresh_cleanup_status(run)
     return len(released)
-
-
-def cleanup_plan(run):
-    """What a pass would do for a run now, group by group, without doing any of it (rule 12)."""
-    max_attempts = max_revert_attempts()
-    rows = {
-        r.pk: r
-        for r in Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("step")
-    }
-    leases, by_step, loose = [], {}, []
-    for row in sorted(rows.values(), key=lambda r: r.pk):
-        if row.kind == LEASE_KIND:
-            leases.append([row])
-        elif row.step_id is None:
-            loose.append([row])
-        else:
-            by_step.setdefault(row.step_id, []).append(row)
-    plan = []
-    for group in leases + list(by_step.values()) + loose:
-        first = group[0]
-        if first.kind == LEASE_KIND:
-            lease, _ = registry.lease_for_ref(first.ref)
-            verb = f"{lease.id}.restore" if lease else None
-            problem = None if lease else f'no module registers the lease "{first.ref}"'
-        else:
-            action = registry.get_action(first.action_id) if first.action_id else None
-            has_revert = action is not None and callable(getattr(action, "revert", None))
-            verb = f"{first.action_id}.revert" if has_revert else None
-            problem = None if has_revert else f'no module can give back what "{first.action_id}" made'
-        plan.append(
-            {
-                "verb": verb,
-                "problem": problem,
-                "rows": [
-                    {
-                        "id": r.pk,
-                        "kind": r.kind,
-                        "ref": r.ref,
-                        "state": r.state,
-                        "attempts": r.revert_attempts,
-                        "attempts_left": _attempts_left(r, max_attempts),
-                        "last_error": r.last_error,
-                    }
-                    for r in group
-                ],
-            }
-        )
-    return plan
-
-
-def _attempts_left(row, max_attempts):
-    if not row.retryable or row.state not in (ResourceState.LIVE, ResourceState.FAILED):
-        return 0
-    return max(0, max_attempts - row.revert_attempts)
-
-
-def request_cleanup(run, actor):
-    """Rule 6, as the admin and the API ask for it: reset the run's rows, queue a pass."""
-    from .tasks import queue_cleanup
-
-    run = Run.objects.get(pk=run.pk)
-    if not run.is_terminal:
-        raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
-    cleared = reset_for_person(run, actor)
-    queue_cleanup(run.pk, actor=actor)
-    return cleared
-
-
-def waive(rows, reason, actor):
-    """Rule 12: a person resolves unresolved rows by hand; answers how many were waived.
-
-    A row a sweeper holds right now is not waived: its verdict is about to land.
-    """
-    if not isinstance(reason, str) or not reason.strip():
-        raise ValueError("a waiver needs a reason")
-    now = timezone.now()
-    waivable = Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)) | Q(
-        state=ResourceState.REVERTING, claim_expires_at__lt=now
-    )
-    reason = reason.strip()
-    waived = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
-        waivable, ResourceState.WAIVED, f"waived by {actor}: {reason}", "resource.waived", reason=reason, by=actor
-    )
-    for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
-        refresh_cleanup_status(run)
-    return len(waived)

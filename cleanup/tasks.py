@@ -18,7 +18,9 @@ SCHEDULE_FUNC = "cleanup.tasks.tick_task"
 def tick_task():
     from .runner import tick
 
-    return tick(by="tick task").line()
+    line = tick(by="tick task").line()
+    _notice()
+    return line
 
 
 def sweep_task():
@@ -32,6 +34,7 @@ def sweep_task():
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")))
     if result.full:
         queue_sweep()
+    _notice()
     return result.line()
 
 
@@ -43,7 +46,27 @@ def cleanup_run_task(run_id, actor=None):
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
     summary = cleanup_run(run, by=actor or "queue")
+    _notice()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
+
+
+def cleanup_runs_task(run_ids, actor=None):
+    """Several runs a person retried at once: one pass each, a moment apart (`clean_in_turn`)."""
+    from .manual import clean_in_turn
+
+    done = clean_in_turn(run_ids, actor)
+    _notice()
+    return f"cleaned {done} run(s) in turn"
+
+
+def _notice():
+    """Tell staff what changed (cleanup.alerts); never lets a mail or webhook fail the task."""
+    from .alerts import notice
+
+    try:
+        notice()
+    except Exception:
+        logger.exception("could not send the cleanup alerts; the next tick tries again")
 
 
 def reconcile_task(module=None, restarted=False):
@@ -75,6 +98,10 @@ def _queue(func, *args, **kwargs):
 
 def queue_cleanup(run_id, actor=None):
     _queue("cleanup.tasks.cleanup_run_task", run_id, actor=actor, task_name=f"cleanup run {run_id}")
+
+
+def queue_cleanups(run_ids, actor=None):
+    _queue("cleanup.tasks.cleanup_runs_task", list(run_ids), actor=actor, task_name=f"cleanup {len(run_ids)} runs")
 
 
 def queue_sweep():

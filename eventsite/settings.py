@@ -297,3 +297,26 @@ Q_CLUSTER = {
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
 # Each request the sandbox module makes (connect, send and read, each).
 SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)
+
+# Alerts (cleanup.alerts): staff are told when a run's cleanup gives up, and when it later
+# completes, by mail to ADMINS ("Name <address>" items, comma-separated) through the SMTP
+# server below, and by a JSON POST to EVENT_ALERT_WEBHOOK_URL when it is set. Links in
+# them start with EVENT_SITE_URL (such as https://events.example.com).
+ADMINS = [
+    (item.partition("<")[0].strip() or item.strip(), item.partition("<")[2].rstrip(">").strip() or item.strip())
+    for item in env_list("ADMINS", [])
+]
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+SERVER_EMAIL = os.environ.get("SERVER_EMAIL", "eventsite@localhost")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", SERVER_EMAIL)
+EMAIL_SUBJECT_PREFIX = os.environ.get("EMAIL_SUBJECT_PREFIX", "[eventsite] ")
+EVENT_ALERT_WEBHOOK_URL = os.environ.get("EVENT_ALERT_WEBHOOK_URL", "")
+EVENT_ALERT_WEBHOOK_TIMEOUT_S = env_int("EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3)
+EVENT_SITE_URL = os.environ.get("EVENT_SITE_URL", "")

@@ -1,6 +1,7 @@
 """The admin shows runs and the ledger, and its actions go through the engine, gated."""
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
@@ -37,25 +38,55 @@ def test_the_run_page_shows_the_ledger_with_its_errors(client, failed_run):
     assert b"orc-1" in listing.content
 
 
-def test_clean_up_action_resets_and_gives_back(client, failed_run, django_capture_on_commit_callbacks):
+def test_it_confirms_clean_up_now_showing_the_reset_and_the_pass_then_gives_back(
+        client, failed_run, django_capture_on_commit_callbacks):
     client.force_login(staff("view_run", "change_run", "cleanup_run"))
+    url = reverse("admin:cleanup_run_changelist")
+    asked = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk]})
+    assert asked.status_code == 200
+    assert b"Rows reset: 1 failed" in asked.content and b"test.spawn.revert" in asked.content
+    assert b"shard said 503" in asked.content and b'name="apply"' in asked.content
+    assert states(failed_run) == {"orc-1": "failed"} and not failed_run.log.filter(kind="cleanup.retry").exists()
+
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(reverse("admin:cleanup_run_changelist"),
-                               {"action": "clean_up", "_selected_action": [failed_run.pk]})
+        response = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk], "apply": "1"})
     assert response.status_code == 302
+    assert response["Location"] == reverse("admin:cleanup_run_change", args=[failed_run.pk])
     assert states(failed_run) == {"orc-1": "reverted"}
     assert failed_run.log.get(kind="cleanup.retry").detail["by"] == "staffer"
+    entry = LogEntry.objects.get(object_id=str(failed_run.pk))
+    assert (entry.user.username, entry.change_message) == ("staffer", "Clean up now: 1 row(s) reset, a pass queued")
+    assert "broken raid" in client.get(reverse("admin:index")).content.decode()  # in recent actions
 
 
-def test_the_actions_need_the_cleanup_permission(client, failed_run):
-    client.force_login(staff("view_run", "change_run", "view_resource", "change_resource"))
+def test_it_changes_nothing_and_says_so_when_the_run_owes_nothing(client, failed_run):
+    Resource.objects.update(state="reverted")
+    client.force_login(staff("view_run", "change_run", "cleanup_run"))
+    url = reverse("admin:cleanup_run_changelist")
+    asked = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk]})
+    assert b"Nothing will change" in asked.content and b"owes nothing" in asked.content
+    response = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk], "apply": "1"},
+                           follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("owes nothing" in m for m in shown), shown
+    assert not failed_run.log.filter(kind="cleanup.retry").exists()
+    assert not LogEntry.objects.exists()
+
+
+def test_the_actions_need_their_permissions(client, failed_run):
+    client.force_login(staff("view_run", "view_resource"))
     page = client.get(reverse("admin:cleanup_run_changelist"))
-    assert b"clean_up" not in page.content
-    client.post(reverse("admin:cleanup_run_changelist"), {"action": "clean_up", "_selected_action": [failed_run.pk]})
+    assert b"clean_up" not in page.content and b"cancel_with_cleanup" not in page.content
+    assert b"clean-up-now" not in client.get(reverse("admin:cleanup_run_change", args=[failed_run.pk])).content
+    for action in ("clean_up", "cancel_with_cleanup"):
+        asked = client.post(reverse("admin:cleanup_run_changelist"),
+                            {"action": action, "_selected_action": [failed_run.pk], "apply": "1"})
+        assert b"Confirm" not in asked.content
     client.post(reverse("admin:cleanup_resource_changelist"),
                 {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True)),
                  "apply": "1", "reason": "no"})
     assert states(failed_run) == {"orc-1": "failed"}
+    assert not failed_run.log.exclude(kind__startswith="run.").exists()
 
 
 def test_waive_asks_for_a_reason_then_resolves_by_hand_and_logs_who_and_why(client, failed_run):
@@ -78,16 +109,19 @@ def test_waive_asks_for_a_reason_then_resolves_by_hand_and_logs_who_and_why(clie
     assert failed_run.cleanup_status == "complete"
 
 
-def test_cancel_actions_end_running_runs_and_report_ended_ones(client):
+def test_cancel_is_confirmed_ends_running_runs_and_reports_ended_ones(client):
     registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
     running = make_run(status=RunStatus.RUNNING, name="live raid")
     ended = make_run(status=RunStatus.COMPLETED, name="old raid")
     make_rows(make_step(running), ["orc-1"], placeholder=False)
     client.force_login(staff("view_run", "change_run"))
+    selected = {"action": "cancel_without_cleanup", "_selected_action": [running.pk, ended.pk]}
 
-    response = client.post(reverse("admin:cleanup_run_changelist"),
-                           {"action": "cancel_without_cleanup", "_selected_action": [running.pk, ended.pk]},
-                           follow=True)
+    asked = client.post(reverse("admin:cleanup_run_changelist"), selected)
+    assert b"Will be cancelled" in asked.content and b"has already ended" in asked.content
+    running.refresh_from_db()
+    assert running.status == "running"
+    response = client.post(reverse("admin:cleanup_run_changelist"), {**selected, "apply": "1"}, follow=True)
 
     running.refresh_from_db()
     assert (running.status, running.auto_cleanup) == ("cancelled", False)
@@ -95,6 +129,7 @@ def test_cancel_actions_end_running_runs_and_report_ended_ones(client):
     shown = [str(m) for m in response.context["messages"]]
     assert "Cancelled 1 run(s)." in shown
     assert f"run {ended.pk} is already completed; only a running run can be cancelled" in shown
+    assert LogEntry.objects.get().object_id == str(running.pk)
 
 
 def test_a_run_that_owes_something_cannot_be_deleted_and_the_ledger_never_can(client, failed_run):
@@ -107,3 +142,17 @@ def test_a_run_that_owes_something_cannot_be_deleted_and_the_ledger_never_can(cl
 
     Resource.objects.update(state="reverted")
     assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 200
+
+
+def test_run_and_row_pages_are_read_only(client, failed_run):
+    user = User.objects.create_superuser("root", password="pw-123456789")
+    client.force_login(user)
+    row = Resource.objects.get()
+    for url in (reverse("admin:cleanup_run_change", args=[failed_run.pk]),
+                reverse("admin:cleanup_resource_change", args=[row.pk])):
+        page = client.get(url)
+        assert page.status_code == 200 and b'name="_save"' not in page.content
+        assert client.post(url, {"name": "renamed", "state": "reverted"}).status_code == 403
+    failed_run.refresh_from_db()
+    assert failed_run.name == "broken raid" and states(failed_run) == {"orc-1": "failed"}
+    assert not LogEntry.objects.exists()

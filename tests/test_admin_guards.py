@@ -64,7 +64,8 @@ def test_an_action_on_a_selection_that_is_not_an_id_is_refused_with_a_message(ad
 
 
 def test_an_action_on_real_ids_still_runs(admin_client, ledger):
-    response = admin_client.post(RUNS, {"action": "clean_up", "index": 0, "_selected_action": [str(ledger.pk)]})
+    response = admin_client.post(RUNS, {"action": "clean_up", "index": 0, "_selected_action": [str(ledger.pk)],
+                                        "apply": "1"})  # "Clean up now" is confirmed on a page of its own
     assert response.status_code == 302
     assert ledger.log.filter(kind="cleanup.retry").exists()
 

@@ -70,11 +70,14 @@ def test_one_row_reads_with_its_state_and_error(api, ledger):
 # -- waive ----------------------------------------------------------------------------
 
 
-def test_waiving_resolves_the_row_with_the_reason_and_the_actor(api, ledger):
+def test_waiving_resolves_the_row_with_the_reason_and_the_actor_and_keeps_its_last_error(api, ledger):
     response = api.post(f"{API}resources/{ledger['orc'].pk}/waive/", {"reason": " killed by a GM "}, format="json")
     assert response.status_code == 200
-    assert response.json()["state"] == "waived"
-    assert response.json()["last_error"] == "waived by console: killed by a GM"
+    body = response.json()
+    assert body["state"] == "waived"
+    assert body["last_error"] == "shard said 503"
+    assert (body["waived_reason"], body["waived_by"]) == ("killed by a GM", "console")
+    assert body["waived_at"] and body["next_attempt_at"] is None
     waived = ledger["aborted"].log.get(kind="resource.waived")
     assert (waived.detail["by"], waived.detail["reason"]) == ("console", "killed by a GM")
     ledger["aborted"].refresh_from_db()

@@ -6,7 +6,7 @@ from django.test.utils import CaptureQueriesContext
 
 from cleanup import registry
 from cleanup.models import Resource
-from cleanup.sweep import cleanup_plan
+from cleanup.plan import cleanup_plan
 from tests.fakes import FakeAction, FakeLease, Scripted, make_lease_row, make_rows, make_run, make_step
 
 pytestmark = pytest.mark.django_db

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cleanup import registry
+from cleanup.manual import waive
 from cleanup.models import UNRESOLVED, Resource, Run, RunStatus
-from cleanup.sweep import cleanup_run, sweep, waive
+from cleanup.sweep import cleanup_run, sweep
 from tests.fakes import FakeAction, FakeLease, make_lease_row, make_rows, make_run, make_step
 
 MAX_ATTEMPTS = 3

@@ -1,21 +1,27 @@
 """End to end, in a real browser: the demo's story in the admin, and a person's retry.
 
 Runs `make demo` (shard, cluster and web server), waits for its story, then logs in to
-the admin with Debian's Chromium driven by Playwright, finds the run whose cleanup met
-the shard fault, and asks for its cleanup with the admin action; the cluster gives the
-wolves back.
+the admin with Debian's Chromium driven by Playwright at 1,280 px. From the admin index
+a staff user follows the count of runs whose cleanup gave up, opens the wolf hunt, reads
+a row's errors, asks for "Clean up now", confirms it, and watches the cluster give the
+wolves back and the timeline mark the completion. Screenshots go to
+``var/e2e-screenshots/`` (or ``E2E_SCREENSHOTS``).
 """
 
 import os
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.demo import Demo
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+SHOTS = Path(os.environ.get("E2E_SCREENSHOTS", settings.BASE_DIR / "var" / "e2e-screenshots"))
+WIDTH = 1280
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run does)"),
@@ -34,7 +40,12 @@ def demo(tmp_path):
         demo.stop()
 
 
-def test_a_person_sees_the_story_in_the_admin_and_retries_the_failed_cleanup(demo, tmp_path):
+def shot(page, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
     from playwright.sync_api import expect, sync_playwright
 
     url = demo.url
@@ -48,38 +59,73 @@ def test_a_person_sees_the_story_in_the_admin_and_retries_the_failed_cleanup(dem
             args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"],
         )
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         try:
             page.goto(f"{url}/admin/login/")
             page.fill("#id_username", "demo")
             page.fill("#id_password", demo.password)
             page.click("input[type=submit]")
-            expect(page.locator("#site-name")).to_be_visible()
 
-            page.goto(f"{url}/admin/cleanup/run/")
+            # The index leads with what needs a person.
+            expect(page.locator("#needs-attention")).to_contain_text("Runs whose cleanup gave up")
+            expect(page.locator("#count-incomplete-runs")).to_have_text("1")
+            expect(page.locator("#count-waiting")).not_to_have_text("0")
+            shot(page, "1-admin-index")
+            page.click("#count-incomplete-runs")
+
             table = page.locator("#result_list")
-            for name in ("Wolf hunt", "Orc invasion", "Goblin night", "Festival boost to 3", "Festival boost to 5"):
-                expect(table).to_contain_text(name)
-            row = table.locator("tr", has_text="Wolf hunt")
-            expect(row).to_contain_text("incomplete")
+            expect(table).to_contain_text("Wolf hunt")
+            expect(table).not_to_contain_text("Orc invasion")
+            page.locator("#result_list a", has_text="Wolf hunt").click()
 
+            # The run page: its rows with their errors, its plan and its timeline.
+            expect(page.locator("#rows")).to_contain_text("the shard")
+            expect(page.locator("#plan")).to_contain_text("waiting for a person")
+            assert "failed attempt" in page.locator("#timeline svg[role=img]").inner_html()
+            assert page.locator("input[name=_save]").count() == 0, "the run page can be saved"
+            shot(page, "2-run-gave-up")
+            top = {"x": 0, "y": 0, "width": WIDTH, "height": 1200}
+            page.screenshot(path=str(SHOTS / "run-gave-up-top.png"), clip=top, full_page=True)
+
+            # A row's page: every attempt's error, newest first; no next attempt at the ceiling.
+            page.locator("#rows tbody a").first.click()
+            expect(page.locator(".field-attempt_history")).to_contain_text("the shard")
+            expect(page.locator(".field-next_try")).to_contain_text("none")
+            shot(page, "3-row-attempts")
+
+            # The ledger list fits 1,280 px: state, attempts, error, ref and run are on screen.
+            page.goto(f"{url}/admin/cleanup/resource/?needs=waiting")
+            right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
+            for column in ("ref_short", "state", "attempt", "error", "run_name"):
+                box = page.locator(f"th.column-{column}").bounding_box()
+                assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
+            shot(page, "4-ledger-waiting")
+
+            # Clean up now: confirmed on a page of its own, then the run's page shows the outcome.
             page.goto(f"{url}/admin/cleanup/run/{hunt_id}/change/")
-            expect(page.locator("body")).to_contain_text("the shard is down")  # the rows show their last error
-
-            page.goto(f"{url}/admin/cleanup/run/?cleanup_status__exact=incomplete")
-            page.locator("#result_list tr", has_text="Wolf hunt").locator("input.action-select").check()
-            page.select_option("select[name=action]", "clean_up")
-            page.click("button[name=index]")
-            expect(page.locator(".messagelist")).to_contain_text("Cleanup queued for 1 run(s).")
+            page.click("#clean-up-now")
+            expect(page.locator("#content")).to_contain_text("Rows reset:")
+            expect(page.locator("#content")).to_contain_text("sandbox.spawn.revert")
+            shot(page, "5-confirm-clean-up")
+            page.click("#confirm-action")
+            expect(page.locator(".messagelist")).to_contain_text("Cleanup queued for 1 run(s)")
 
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 page.goto(f"{url}/admin/cleanup/run/{hunt_id}/change/")
-                if "complete" in page.locator(".field-cleanup_status").inner_text().split():
+                if "complete" in page.locator(".fieldBox.field-cleanup_status").inner_text().split():
                     break
                 time.sleep(1)
-            page.screenshot(path=str(tmp_path / "wolf-hunt.png"), full_page=True)
-            expect(page.locator(".field-cleanup_status")).to_contain_text("complete")
-            expect(page.locator("body")).to_contain_text("cleanup.retry")
+            expect(page.locator(".fieldBox.field-cleanup_status")).to_contain_text("complete")
+            expect(page.locator("#rows h2")).not_to_contain_text("unresolved")
+            expect(page.locator("#rows tbody")).to_contain_text("reverted")
+            expect(page.locator("#log")).to_contain_text("cleanup.retry")
+            timeline = page.locator("#timeline svg[role=img]").inner_html()
+            assert "a person's retry at" in timeline and "cleanup complete at" in timeline
+            shot(page, "6-run-cleaned")
+
+            page.goto(f"{url}/admin/")
+            expect(page.locator("#count-incomplete-runs")).to_have_text("0")
+            expect(page.locator("#recent-actions-module")).to_contain_text("Wolf hunt")
         finally:
             browser.close()

@@ -118,7 +118,7 @@ class ResourceSerializer(serializers.ModelSerializer):
         model = Resource
         fields = ["id", "run", "step", "module", "action", "kind", "ref", "member_key", "payload", "state",
                   "revert_attempts", "retryable", "last_error", "next_attempt_at", "resurrected_from",
-                  "created_at", "updated_at", "resolved_at"]
+                  "created_at", "updated_at", "resolved_at", "waived_reason", "waived_by", "waived_at"]
         read_only_fields = fields
 
 
@@ -141,6 +141,13 @@ class ReconcileQueuedSerializer(serializers.Serializer):
     queued = serializers.BooleanField()
 
 
+class PlanLeaseSerializer(serializers.Serializer):
+    baseline = serializers.JSONField(help_text="The value before the lease, to be restored.")
+    applied = serializers.JSONField(help_text="The value this run applied.")
+    hand_down_to = serializers.DictField(allow_null=True, help_text="The newer lease that inherits the baseline.")
+    live = serializers.DictField(required=False, help_text='With ?live=1: {"value"} read now, or {"error"}.')
+
+
 class PlanRowSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     kind = serializers.CharField()
@@ -149,9 +156,12 @@ class PlanRowSerializer(serializers.Serializer):
     attempts = serializers.IntegerField()
     attempts_left = serializers.IntegerField()
     last_error = serializers.CharField()
+    lease = PlanLeaseSerializer(required=False, help_text="Lease rows only.")
 
 
 class PlanGroupSerializer(serializers.Serializer):
+    next = serializers.CharField(help_text='What the next pass does: "restore", "hand down", "revert", '
+                                 '"leave (drifted)", "waiting for a person" or "being given back now".')
     verb = serializers.CharField(allow_null=True, help_text='The call that gives the group back, or null.')
     problem = serializers.CharField(allow_null=True, help_text="Why no call can, or null.")
     rows = PlanRowSerializer(many=True)

@@ -12,10 +12,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunStatus
+from ..plan import cleanup_plan
 from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
-from ..sweep import CleanupRefused, cleanup_plan, request_cleanup, waive
+from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import serializers as s
 from .errors import NOT_FOUND
@@ -197,8 +199,8 @@ class RunCancelView(EventsAPI, APIView):
 )
 class RunCleanupView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
-    ceiling, logs `cleanup.retry` with the actor and queues a pass. A run still in flight
-    answers 409."""
+    ceiling, logs `cleanup.retry` with the actor and queues a pass. A run still in flight,
+    or one that owes nothing, answers 409 and nothing changes."""
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
@@ -216,6 +218,8 @@ class RunCleanupView(EventsAPI, APIView):
 @extend_schema(
     tags=["runs"],
     summary="What the next cleanup pass would do, without doing it",
+    parameters=[OpenApiParameter("live", str, enum=["1", "true"],
+                                 description="Also read each leased target's live value through its lease.")],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
 )
 class RunCleanupPlanView(EventsAPI, APIView):
@@ -226,7 +230,8 @@ class RunCleanupPlanView(EventsAPI, APIView):
 
     def get(self, request, pk):
         run = get_object_or_404(Run, pk=pk)
-        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run)}).data)
+        live = request.query_params.get("live") in ("1", "true")
+        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
 
 
 @extend_schema(

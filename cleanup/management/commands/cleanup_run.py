@@ -4,6 +4,7 @@ from django.utils import timezone
 
 from cleanup.conf import max_revert_attempts
 from cleanup.management.base import EventCommand, object_id, plain_text
+from cleanup.manual import check_cleanup
 from cleanup.models import Resource, Run
 from cleanup.sweep import CleanupRefused, cleanup_run
 
@@ -35,6 +36,8 @@ class Command(EventCommand):
         if now and run.is_terminal:
             Resource.objects.filter(run=run).hurry(timezone.now(), max_revert_attempts())
         try:
+            if reset:
+                check_cleanup(run)  # a person's retry of a run that owes nothing changes nothing
             summary = cleanup_run(run, reset=reset, actor=actor or "command", by="command")
         except CleanupRefused as exc:
             raise CommandError(str(exc)) from None

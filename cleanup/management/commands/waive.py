@@ -1,8 +1,8 @@
 from django.core.management.base import CommandError
 
 from cleanup.management.base import EventCommand
+from cleanup.manual import waive
 from cleanup.models import Resource, Run
-from cleanup.sweep import waive
 
 MAX_ID = 2**63 - 1  # the largest id the database holds
 

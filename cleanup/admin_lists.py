@@ -1,0 +1,216 @@
+"""The admin's building blocks: what needs a person, and lists that never count a whole table.
+
+`attention` gives the counts the admin index leads with; every query behind it reads the
+partial indexes of unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
+keep each list bounded: counts are capped, filter choices are fixed or read from the
+registry and the unresolved rows, and no page can save a row.
+"""
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.template.defaultfilters import truncatechars
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from .conf import max_revert_attempts
+from .models import CLAIMABLE, TERMINAL, UNRESOLVED, Resource, ResourceState, Run
+
+
+def when(dt):
+    """A time to the second, in the site's time zone, or a dash."""
+    if dt is None:
+        return "-"
+    return timezone.localtime(dt).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(seconds):
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"
+
+
+# -- what needs a person ----------------------------------------------------------------
+
+
+def ended_unresolved():
+    return Resource.objects.filter(state__in=UNRESOLVED, run__status__in=TERMINAL)
+
+
+def retrying_q(max_attempts):
+    """Unresolved rows the automatic sweep will still try: attempts left, or in hand now."""
+    return Q(run__auto_cleanup=True) & (
+        Q(state=ResourceState.REVERTING)
+        | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
+    )
+
+
+def attention(user):
+    """The counts the admin index leads with; each reads unresolved rows only (partial indexes)."""
+    found = {}
+    if user.has_perm("cleanup.view_run"):
+        found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
+    if user.has_perm("cleanup.view_resource"):
+        max_attempts = max_revert_attempts()
+        rows = ended_unresolved()
+        found["retrying"] = rows.filter(retrying_q(max_attempts)).count()
+        found["waiting"] = rows.exclude(retrying_q(max_attempts)).count()
+        oldest = rows.order_by("created_at", "id").values("id", "created_at").first()
+        if oldest:
+            found["oldest"] = {"id": oldest["id"], "at": when(oldest["created_at"]),
+                               "age": ago((timezone.now() - oldest["created_at"]).total_seconds())}
+    return found
+
+
+# -- lists that never count a whole table -------------------------------------------------
+
+
+class CappedPaginator(Paginator):
+    """Counts at most ``CAP`` rows: past it, the last page is "more" rather than a number."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self):
+        return self.object_list.order_by().values("pk")[: self.CAP].count()
+
+
+class BoundedListMixin:
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    list_per_page = 100
+
+
+class NeedsFilter(admin.SimpleListFilter):
+    title = "needs"
+    parameter_name = "needs"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("unresolved", "unresolved"),
+            ("retrying", "retrying (attempts left)"),
+            ("waiting", "waiting for a person"),
+        ]
+
+    def queryset(self, request, queryset):
+        max_attempts = max_revert_attempts()
+        if self.value() == "unresolved":
+            return queryset.filter(state__in=UNRESOLVED)
+        if self.value() == "retrying":
+            return queryset.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).filter(retrying_q(max_attempts))
+        if self.value() == "waiting":
+            return queryset.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).exclude(retrying_q(max_attempts))
+        return queryset
+
+
+class RegistryFilter(admin.SimpleListFilter):
+    """Choices from the module registry and the unresolved rows, never a DISTINCT of the ledger."""
+
+    field = None
+
+    def lookups(self, request, model_admin):
+        values = set(self.registered())
+        values |= set(
+            Resource.objects.filter(state__in=UNRESOLVED).order_by().values_list(self.field, flat=True).distinct()[:50]
+        )
+        if self.value():
+            values.add(self.value())
+        return [(v, v) for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class ModuleFilter(RegistryFilter):
+    title = parameter_name = field = "module"
+
+    def registered(self):
+        from . import registry
+
+        return registry.modules()
+
+
+class KindFilter(RegistryFilter):
+    title = parameter_name = field = "kind"
+
+    def registered(self):
+        return ["step", "override"]
+
+
+class LogKindFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "kind"
+    KINDS = ["run.started", "step.performed", "step.failed", "run.completed", "run.cancelled", "run.aborted",
+             "cleanup.retry", "cleanup.swept", "cleanup.reverted", "cleanup.failed", "cleanup.gave_up",
+             "cleanup.recovered", "resource.orphaned", "resource.resurrected", "resource.waived"]
+
+    def lookups(self, request, model_admin):
+        return [(k, k) for k in self.KINDS]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
+class ReadOnlyAdmin(BoundedListMixin, admin.ModelAdmin):
+    """Pages without Save: nothing here rewrites a row (or leaves an empty history entry)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def run_link(run_id, name=None):
+    label = f"#{run_id} {truncatechars(name, 20)}" if name else f"#{run_id}"
+    return format_html('<a href="{}">{}</a>', reverse("admin:cleanup_run_change", args=[run_id]), label)
+
+
+def filtered(model, **params):
+    return reverse(f"admin:cleanup_{model}_changelist") + "?" + urlencode(params)
+
+
+def attempt_text(row, max_attempts, now):
+    """Where a row stands with its attempts, as a person reads it."""
+    n = row.revert_attempts
+    if row.state == ResourceState.REVERTED:
+        return f"given back (attempt {n})" if n else "given back"
+    if row.state == ResourceState.WAIVED:
+        return "waived"
+    if row.state == ResourceState.ORPHANED:
+        return "gone from the world"
+    if row.state == ResourceState.DRIFTED:
+        return "drifted: waiting for a person"
+    if row.state == ResourceState.REVERTING:
+        return f"attempt {n} of {max_attempts}, in progress"
+    if row.run.status not in TERMINAL:
+        return "held by a running run"
+    if not row.retryable:
+        return f"given up after {n} (not retryable)"
+    if n >= max_attempts:
+        return f"given up after {n} of {max_attempts}"
+    if not row.run.auto_cleanup:
+        return "waiting for a person (cancelled without cleanup)"
+    if row.next_attempt_at and row.next_attempt_at > now:
+        return f"attempt {n} of {max_attempts}; next in {ago((row.next_attempt_at - now).total_seconds())}"
+    return f"attempt {n} of {max_attempts}; next pass" if n else f"not tried yet (of {max_attempts})"
+
+
+def next_attempt(row, max_attempts):
+    """When the sweep will try the row again, or None: never for a row that waits for a person."""
+    if (row.state not in CLAIMABLE or not row.retryable or row.revert_attempts >= max_attempts
+            or row.run.status not in TERMINAL or not row.run.auto_cleanup):
+        return None
+    return row.next_attempt_at or row.run.ended_at or row.created_at

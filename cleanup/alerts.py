@@ -1,0 +1,193 @@
+"""Telling staff when a run's cleanup gives up, and when it later completes.
+
+Transitions are read from the runs themselves, never from inside the sweep: a run whose
+``cleanup_status`` is `incomplete` while ``alerted_status`` says staff were not told so
+(or `complete` after they were told it gave up) is due. `notice` claims each due run with
+a conditional UPDATE of ``alerted_status`` (the row count says which of several sweepers
+tells it) and, in the same transaction, writes the log entry (`cleanup.gave_up` or
+`cleanup.recovered`) and one outbox row per channel (`Alert`). `deliver` then sends the
+outbox outside any transaction, each row claimed first; a dead or slow webhook costs at
+most its timeout, is recorded on the row and tried again later with a backoff.
+"""
+
+import logging
+import time
+from datetime import timedelta
+
+import httpx
+from django.conf import settings
+from django.core.mail import mail_admins
+from django.db import transaction
+from django.db.models import F, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from .models import (
+    UNRESOLVED,
+    Alert,
+    AlertChannel,
+    AlertedStatus,
+    CleanupStatus,
+    Resource,
+    Run,
+    RunLog,
+)
+
+logger = logging.getLogger(__name__)
+
+GAVE_UP = "cleanup.gave_up"
+RECOVERED = "cleanup.recovered"
+# Bounds: runs told per call, messages sent per call, rows listed in one message.
+RUNS_PER_NOTICE = 50
+SENDS_PER_DELIVER = 20
+# A call to `deliver` starts no new send after this, so slow webhooks cost a task seconds, not minutes.
+DELIVER_BUDGET_S = 10
+ROWS_PER_MESSAGE = 50
+# A sender that died holding a message gives it up after this.
+CLAIM_S = 60
+BACKOFF_S = 30
+MAX_BACKOFF_S = 3600
+
+DUE = (Q(cleanup_status=CleanupStatus.INCOMPLETE) & ~Q(alerted_status=AlertedStatus.GAVE_UP)) | Q(
+    cleanup_status=CleanupStatus.COMPLETE, alerted_status__in=[AlertedStatus.GAVE_UP, AlertedStatus.RETRIED]
+)
+
+
+def notice(deliver_now=True):
+    """Tell every transition not yet told (at most ``RUNS_PER_NOTICE``), then send the outbox.
+
+    Answers how many transitions this call claimed. Safe to call from any number of
+    workers at once: each transition is claimed by exactly one.
+    """
+    run_ids = list(Run.objects.filter(DUE).order_by("id").values_list("id", flat=True)[:RUNS_PER_NOTICE])
+    told = sum(1 for run_id in run_ids if tell(run_id))
+    if deliver_now:
+        deliver()
+    return told
+
+
+def tell(run_id):
+    """Claim one run's transition and write its log entry and outbox; answers the event or None."""
+    with transaction.atomic():
+        event = None
+        if Run.objects.filter(pk=run_id, cleanup_status=CleanupStatus.INCOMPLETE).exclude(
+            alerted_status=AlertedStatus.GAVE_UP
+        ).update(alerted_status=AlertedStatus.GAVE_UP):
+            event = GAVE_UP
+        elif Run.objects.filter(
+            pk=run_id, cleanup_status=CleanupStatus.COMPLETE,
+            alerted_status__in=[AlertedStatus.GAVE_UP, AlertedStatus.RETRIED],
+        ).update(alerted_status=AlertedStatus.RECOVERED):
+            event = RECOVERED
+        if event is None:
+            return None  # another worker told it first, or it moved on meanwhile
+        run = Run.objects.get(pk=run_id)
+        message = describe(run, event)
+        RunLog.write(run.pk, event, unresolved=message["unresolved_count"], url=message["url"])
+        Alert.objects.bulk_create(
+            Alert(run=run, event=event, channel=channel, payload=message) for channel in channels()
+        )
+    logger.info("run %s: %s", run_id, event)
+    return event
+
+
+def channels():
+    found = []
+    if settings.ADMINS:
+        found.append(AlertChannel.MAIL)
+    if getattr(settings, "EVENT_ALERT_WEBHOOK_URL", ""):
+        found.append(AlertChannel.WEBHOOK)
+    return found
+
+
+def run_url(run_id):
+    base = (getattr(settings, "EVENT_SITE_URL", "") or "").rstrip("/")
+    return base + reverse("admin:cleanup_run_change", args=[run_id])
+
+
+def describe(run, event):
+    """The message: the run, its unresolved rows with their last errors, and a link to it."""
+    unresolved = Resource.objects.filter(run=run, state__in=UNRESOLVED)
+    rows = unresolved.order_by("id")[:ROWS_PER_MESSAGE]
+    return {
+        "event": event,
+        "run": {"id": run.pk, "name": run.name, "status": run.status, "cleanup_status": run.cleanup_status},
+        "unresolved_count": unresolved.count(),
+        "unresolved": [
+            {"id": r.pk, "kind": r.kind, "ref": r.ref, "state": r.state, "attempts": r.revert_attempts,
+             "last_error": r.last_error}
+            for r in rows
+        ],
+        "url": run_url(run.pk),
+    }
+
+
+def deliver(limit=SENDS_PER_DELIVER):
+    """Send the messages that are due, each claimed first; answers how many were sent."""
+    now = timezone.now()
+    free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+    due = Alert.objects.filter(free, sent_at__isnull=True, next_attempt_at__lte=now)
+    sent = 0
+    stop_at = time.monotonic() + DELIVER_BUDGET_S
+    for alert_id in list(due.order_by("next_attempt_at", "id").values_list("id", flat=True)[:limit]):
+        if time.monotonic() > stop_at:
+            break  # the rest waits for the next call
+        until = timezone.now() + timedelta(seconds=CLAIM_S)
+        claimed = Alert.objects.filter(free, pk=alert_id, sent_at__isnull=True).update(
+            claimed_until=until, attempts=F("attempts") + 1
+        )
+        if not claimed:
+            continue
+        alert = Alert.objects.get(pk=alert_id)
+        error = send(alert)
+        mine = Alert.objects.filter(pk=alert_id, claimed_until=until)
+        if error is None:
+            sent += mine.update(sent_at=timezone.now(), claimed_until=None, last_error="")
+        else:
+            wait = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (alert.attempts - 1))
+            mine.update(claimed_until=None, last_error=error[:2000],
+                        next_attempt_at=timezone.now() + timedelta(seconds=wait))
+            logger.warning("alert %s (%s) not delivered, tried again in %s s: %s", alert_id, alert, wait, error)
+    return sent
+
+
+def send(alert):
+    """Send one message; answers None when it was accepted, else why not. Never raises."""
+    try:
+        if alert.channel == AlertChannel.MAIL:
+            subject, body = mail_text(alert.payload)
+            mail_admins(subject, body, fail_silently=False)
+            return None
+        return post_webhook(alert.payload)
+    except Exception as exc:  # a mail server or webhook failure is recorded, not raised
+        return f"{type(exc).__name__}: {exc}"
+
+
+def post_webhook(payload):
+    url = getattr(settings, "EVENT_ALERT_WEBHOOK_URL", "")
+    if not url:
+        return "EVENT_ALERT_WEBHOOK_URL is not set"
+    timeout = getattr(settings, "EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3)
+    response = httpx.post(url, json=payload, timeout=timeout, follow_redirects=False)
+    if response.status_code >= 300:
+        return f"the webhook answered {response.status_code}"
+    return None
+
+
+def mail_text(message):
+    run = message["run"]
+    if message["event"] == GAVE_UP:
+        subject = f'Cleanup of run #{run["id"]} "{run["name"]}" gave up: {message["unresolved_count"]} row(s) left'
+        lead = "The automatic cleanup has stopped trying. These rows were not given back and wait for a person:"
+    else:
+        subject = f'Cleanup of run #{run["id"]} "{run["name"]}" is complete'
+        lead = "Everything the run took is now resolved."
+    lines = [lead, ""]
+    for row in message["unresolved"]:
+        lines.append(f'- {row["kind"]}:{row["ref"]} ({row["state"]}, {row["attempts"]} attempt(s)): '
+                     f'{row["last_error"] or "no error recorded"}')
+    more = message["unresolved_count"] - len(message["unresolved"])
+    if more > 0:
+        lines.append(f"- and {more} more")
+    lines += ["", f'The run: {message["url"]}']
+    return subject, "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Template tags of the cleanup admin: the "needs attention" block of the admin index."""
+
+from django import template
+from django.urls import reverse
+
+register = template.Library()
+
+
+@register.inclusion_tag("admin/cleanup/attention.html", takes_context=True)
+def needs_attention(context):
+    from ..admin_lists import attention, filtered
+
+    request = context["request"]
+    counts = attention(request.user)
+    links = {
+        "incomplete_runs": reverse("admin:cleanup_run_changelist") + "?cleanup_status__exact=incomplete",
+        "retrying": filtered("resource", needs="retrying"),
+        "waiting": filtered("resource", needs="waiting"),
+    }
+    if "oldest" in counts:
+        links["oldest"] = reverse("admin:cleanup_resource_change", args=[counts["oldest"]["id"]])
+    return {"counts": counts, "links": links}

@@ -1,0 +1,108 @@
+"""The admin index leads with what needs a person, each count a link to its filtered list."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from cleanup.models import Resource, Run, RunStatus
+from tests.fakes import make_rows, make_run, make_step
+
+pytestmark = pytest.mark.django_db
+
+
+def row(run, ref, **fields):
+    r = make_rows(make_step(run), [ref], placeholder=False)[0]
+    Resource.objects.filter(pk=r.pk).update(**fields)
+    return r
+
+
+@pytest.fixture
+def ledger():
+    gave_up = make_run(status=RunStatus.ABORTED, name="wolf hunt", cleanup_status="incomplete")
+    pending = make_run(status=RunStatus.COMPLETED, name="orc raid", cleanup_status="pending")
+    running = make_run(status=RunStatus.RUNNING, name="festival")
+    old = timezone.now() - timedelta(hours=5)
+    return {
+        "ceiling": row(gave_up, "wolf-at-ceiling", state="failed", revert_attempts=3, last_error="503",
+                       created_at=old),
+        "terminal": row(gave_up, "wolf-not-retryable", state="failed", revert_attempts=1, retryable=False),
+        "drifted": row(gave_up, "rate-drifted", state="drifted", revert_attempts=1),
+        "retrying": row(pending, "orc-retrying", state="failed", revert_attempts=1,
+                        next_attempt_at=timezone.now() + timedelta(seconds=40)),
+        "fresh": row(pending, "orc-fresh"),
+        "resolved": row(pending, "orc-given-back", state="reverted", revert_attempts=1),
+        "in_flight": row(running, "orc-of-a-running-run"),
+        "runs": (gave_up, pending, running),
+    }
+
+
+def staffer():
+    return User.objects.create_superuser("root", password="pw-123456789")
+
+
+def count(page, element_id):
+    match = re.search(rf'id="{element_id}"[^>]*>([^<]+)<', page)
+    assert match, f"no #{element_id} on the index"
+    return match[1].strip()
+
+
+def refs_listed(client, url):
+    page = client.get(url)
+    assert page.status_code == 200
+    return {r.ref for r in page.context["cl"].result_list}
+
+
+def test_it_shows_counts_that_link_to_their_filtered_lists(client, ledger):
+    client.force_login(staffer())
+    page = client.get(reverse("admin:index")).content.decode()
+
+    assert "Needs attention" in page
+    assert count(page, "count-incomplete-runs") == "1"
+    assert count(page, "count-waiting") == "3"
+    assert count(page, "count-retrying") == "2"
+    assert count(page, "oldest-unresolved") == "5 h old"
+
+    incomplete = re.search(r'href="([^"]+)" id="count-incomplete-runs"', page)[1].replace("&amp;", "&")
+    listed = client.get(incomplete).context["cl"].result_list
+    assert [r.name for r in listed] == ["wolf hunt"]
+    waiting = re.search(r'href="([^"]+)" id="count-waiting"', page)[1].replace("&amp;", "&")
+    assert refs_listed(client, waiting) == {"wolf-at-ceiling", "wolf-not-retryable", "rate-drifted"}
+    retrying = re.search(r'href="([^"]+)" id="count-retrying"', page)[1].replace("&amp;", "&")
+    assert refs_listed(client, retrying) == {"orc-retrying", "orc-fresh"}
+    oldest = re.search(r'href="([^"]+)" id="oldest-unresolved"', page)[1]
+    assert oldest == reverse("admin:cleanup_resource_change", args=[ledger["ceiling"].pk])
+
+
+def test_its_counts_cost_the_same_queries_whatever_the_resolved_history(client, ledger):
+    client.force_login(staffer())
+
+    def queries():
+        with CaptureQueriesContext(connection) as captured:
+            client.get(reverse("admin:index"))
+        return [q["sql"] for q in captured.captured_queries]
+
+    before = queries()
+    pending = ledger["runs"][1]
+    step = make_step(pending)
+    Resource.objects.bulk_create(
+        Resource(run=pending, step=step, module="test", kind="creature", ref=f"old-{i}", state="reverted")
+        for i in range(500)
+    )
+    after = queries()
+    assert len(after) == len(before)
+    counting = [q for q in after if "COUNT(" in q.upper() and "cleanup_resource" in q]
+    assert counting and all("state" in q for q in counting), "a count read resolved rows"
+
+
+def test_a_staff_user_without_ledger_permissions_sees_no_counts(client, ledger):
+    User.objects.create_user("guest", password="pw-123456789", is_staff=True)
+    client.login(username="guest", password="pw-123456789")
+    page = client.get(reverse("admin:index")).content.decode()
+    assert "Needs attention" not in page
+    assert Run.objects.count() == 3
