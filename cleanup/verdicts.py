@@ -208,7 +208,9 @@ class _Changes:
         if not self.columns:
             return
         updates = {column: self._case(column, by_value) for column, by_value in self.columns.items()}
-        Resource.objects.held_by(token).update(**updates, updated_at=self.now)
+        # The rows still held were locked by this transaction (`_write_rows`): only they
+        # carry the token and match a WHEN.
+        Resource.objects.filter(claim_token=token).update(**updates, updated_at=self.now)
 
     def _case(self, column, by_value):
         field = Resource._meta.get_field(column)

@@ -2,8 +2,6 @@
 
 import itertools
 
-import pytest
-
 from cleanup.models import Resource, ResourceState, Run
 from tests.reliability.harness import MAX_ATTEMPTS, PG_PROCESSES, drive_until_settled, status_disagreements
 from tests.reliability.ledger import ended_runs
@@ -15,7 +13,10 @@ BEFORE_THE_VERDICT = [f"kill:{point}:{n}" for n, point in itertools.product(
     (1, 2, 3, 1, 2, 3, 1, 2), ("before_call", "during_call", "after_answer"))]
 
 
-def test_it_gives_back_every_row_through_kill_9_at_24_points(workers):
+def test_it_gives_back_every_row_through_kill_9_at_24_points(workers, monkeypatch):
+    # One run per pass: a pass claims a whole batch of runs at once, and 24 kills must
+    # land before the work runs out.
+    monkeypatch.setenv("EVENT_CLEANUP_RUN_BATCH", "1")
     ended_runs(runs=40, steps=4, rows=2)
 
     killed = drive_until_settled(workers, timeout=120, halts=BEFORE_THE_VERDICT, concurrency=4)
@@ -31,9 +32,8 @@ def test_it_gives_back_every_row_through_kill_9_at_24_points(workers):
     assert status_disagreements() == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect 1: a kill between a verdict and the run's status refresh "
-                   "leaves the status stale for ever (the sweep only visits runs with claimable rows)")
-def test_it_makes_a_run_status_true_again_after_a_kill_between_verdict_and_status(workers):
+def test_it_makes_a_run_status_true_again_after_a_kill_between_verdict_and_status(workers, monkeypatch):
+    monkeypatch.setenv("EVENT_CLEANUP_RUN_BATCH", "1")  # a verdict per run, so a kill after each
     given_back = ended_runs(runs=1, steps=1, rows=2)[0]
     # The last attempt of a group the shard refuses: its verdict fails the rows at the ceiling.
     at_ceiling = ended_runs(runs=1, steps=1, rows=2, prefix="fail", attempts=MAX_ATTEMPTS - 1)[0]

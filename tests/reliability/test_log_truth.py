@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from cleanup.models import Resource, RunLog
 from tests.reliability.harness import MAX_ATTEMPTS, PG_PROCESSES, drive_until_settled, resume, stop_then_take_over
 from tests.reliability.ledger import ended_runs, run_of_steps
@@ -11,8 +9,6 @@ from tests.reliability.ledger import ended_runs, run_of_steps
 pytestmark = PG_PROCESSES
 
 
-@pytest.mark.xfail(strict=True, reason="defect 4: a stale sweeper logs cleanup.swept with attempts that have "
-                   "no outcome, and rows failed at the bound after a dead claim get no cleanup.failed entry")
 def test_it_logs_what_stale_sweepers_and_dead_claims_really_did(workers):
     ended_runs(runs=1, steps=1, rows=2)
     stale = stop_then_take_over(workers, RELIABILITY_ANSWER="error")

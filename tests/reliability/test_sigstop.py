@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from cleanup.models import Resource, ResourceState, Run, RunStatus
 from tests.reliability.harness import PG_PROCESSES, resume, stop_then_take_over
 from tests.reliability.ledger import ended_runs, lease_row
@@ -24,8 +22,6 @@ def test_it_lets_no_stale_verdict_overwrite_the_rows_of_a_newer_claim(workers):
     assert Run.objects.get(pk=run.pk).cleanup_status == "complete"
 
 
-@pytest.mark.xfail(strict=True, reason="defect 2: a stale lease restore still hands its baseline down to "
-                   "newer leases after its claim was taken over")
 def test_it_lets_no_stale_lease_restore_hand_its_baseline_down(workers):
     workers.store.write_text(json.dumps({"camp": 5}))
     first = ended_runs(runs=1, steps=0, rows=0)[0]
