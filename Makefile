@@ -26,9 +26,12 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(PY) bin/demo
 
-# Sweep throughput on the local PostgreSQL (a scratch database): medians and ratios.
+# The sweep beside a plain-SQL sweep and a row-at-a-time one, on a scratch database
+# (eventsite_bench) of the PostgreSQL server in DATABASE_URL, else the local one; see
+# README. Options through BENCH_ARGS, e.g. BENCH_ARGS="--resources 1 --workers 2 --json".
 bench: $(STAMP)
-	$(PY) bin/bench
+	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/eventsite}" DEBUG=1 \
+	    $(PY) manage.py bench $(BENCH_ARGS)
 
 migrate: $(STAMP)
 	DEBUG=1 $(PY) manage.py migrate

@@ -8,7 +8,11 @@ shape the contract promises.
 
 import enum
 import logging
+import os
+import queue
 import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from django.db import connections
@@ -20,11 +24,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Answer:
-    """What a call produced: the raw answer, or why there is none."""
+    """What a call produced: the raw answer, or why there is none.
+
+    ``still_running`` is the call itself when it outlived its budget: the module may
+    still act, so whoever holds the claim for it keeps holding it until that ends.
+    """
 
     raw: object = None
     timed_out: bool = False
     exception: str | None = None
+    still_running: Future | None = field(default=None, compare=False, repr=False)
 
 
 def budget_of(entry):
@@ -41,35 +50,91 @@ def budget_under_claim(entry):
     return max(1, min(budget_of(entry), claim_timeout_s() * 1000 - 1000))
 
 
+class _Workers:
+    """Threads that make module calls, reused from one call to the next.
+
+    A worker is started only when none is free, so there are as many as the most calls
+    ever in flight at once. A call that hangs keeps its worker and the next call gets
+    another: a hung module costs a thread, never the pass.
+    """
+
+    def __init__(self):
+        self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free = 0
+        self._started = 0
+
+    def submit(self, run, done):
+        """Run ``run()`` on a free worker, then ``done(its result)``."""
+        with self._lock:
+            if self._free:
+                self._free -= 1
+            else:
+                self._started += 1
+                threading.Thread(target=self._work, name=f"module-call-{self._started}", daemon=True).start()
+        self._jobs.put((run, done))
+
+    def _work(self):
+        while True:
+            run, done = self._jobs.get()
+            result = run()
+            # Free before telling the caller, so that its next call reuses this worker.
+            with self._lock:
+                self._free += 1
+            done(result)
+
+
+_workers = _Workers()
+
+
+def _after_fork():
+    # A forked process (a django-q2 worker) inherits the pool's counts but none of its
+    # threads: it starts with a pool of its own.
+    global _workers
+    _workers = _Workers()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def start(fn, *, what, **kwargs):
+    """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
+
+    The call happens outside any database transaction of the caller's, on a worker with
+    its own connections, which it closes when the call ends.
+    """
+    future = Future()
+
+    def run():
+        try:
+            return Answer(raw=fn(**kwargs))
+        except BaseException as exc:  # a module's failure is an answer, not a crash
+            logger.warning("%s raised %s: %s", what, type(exc).__name__, exc)
+            return Answer(exception=f"{what} raised {type(exc).__name__}: {exc}")
+        finally:
+            connections.close_all()
+
+    _workers.submit(run, future.set_result)
+    return future
+
+
+def overdue(future, budget_ms, what):
+    """The answer of a call that did not end within its budget."""
+    logger.warning("%s did not answer within %s ms", what, budget_ms)
+    return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms", still_running=future)
+
+
 def call(fn, *, budget_ms, what, **kwargs):
     """Call ``fn(**kwargs)`` and wait at most ``budget_ms`` for it. Never raises.
 
-    The call runs in a daemon thread, so a module that hangs costs the caller its budget
-    and no more; the thread is abandoned, not stopped, which is why the module contract
-    asks for idempotent calls. The call happens outside any database transaction of the
-    caller's, in a thread with its own connections, which it closes when it ends.
+    A module that hangs costs the caller its budget and no more; the call is abandoned,
+    not stopped, which is why the module contract asks for idempotent calls.
     """
-    box = {}
-    finished = threading.Event()
-
-    def target():
-        try:
-            box["raw"] = fn(**kwargs)
-        except BaseException as exc:  # a module's failure is an answer, not a crash
-            box["exc"] = f"{what} raised {type(exc).__name__}: {exc}"
-        finally:
-            connections.close_all()
-            finished.set()
-
-    worker = threading.Thread(target=target, name=f"module-call:{what}", daemon=True)
-    worker.start()
-    if not finished.wait(budget_ms / 1000):
-        logger.warning("%s did not answer within %s ms", what, budget_ms)
-        return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms")
-    if "exc" in box:
-        logger.warning("%s", box["exc"])
-        return Answer(exception=box["exc"])
-    return Answer(raw=box.get("raw"))
+    future = start(fn, what=what, **kwargs)
+    try:
+        return future.result(timeout=budget_ms / 1000)
+    except FutureTimeout:
+        return overdue(future, budget_ms, what)
 
 
 def _shape(raw):

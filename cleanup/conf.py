@@ -23,6 +23,8 @@ BOUNDS = {
     "EVENT_OUTAGE_PROBE_S": (15, 1, 3_600),
     "EVENT_OUTAGE_GIVE_UP_S": (3_600, 1, 30 * 86_400),
     "EVENT_OUTAGE_SPREAD_S": (5, 0, 600),
+    # Module calls a pass makes at once; a module may declare a lower `max_concurrency`.
+    "EVENT_CALL_CONCURRENCY": (8, 1, 256),
 }
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may

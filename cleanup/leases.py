@@ -6,6 +6,8 @@ Applies do not always land in ledger order, or say that they landed, so the rule
 also read a lease's ``confirmed`` flag and the value a restore finds in place.
 """
 
+from dataclasses import dataclass
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -18,7 +20,14 @@ from .models import LEASE_KIND, UNRESOLVED, Attempt, Resource, ResourceState, Ru
 HANDED_DOWN = object()
 
 
-def give_back_lease(run, row, token):
+@dataclass
+class LeaseOutcome:
+    verdict: object  # a Verdict to write, or HANDED_DOWN
+    what: str
+    running: object = None  # a restore that outlived its budget and still runs
+
+
+def give_back_lease(run_id, row, token):
     """Restore one lease, or hand its baseline down to the lease that holds its target.
 
     Rule 13: while a newer lease on the target is unresolved, the value in force is that
@@ -31,16 +40,35 @@ def give_back_lease(run, row, token):
     target or not. It does not stop an older lease from restoring, but it receives the
     baseline all the same; and a restore that finds the value of another open lease in
     place hands down to that lease, whatever its place in the ledger.
+
+    Every write is fenced by ``token``: a hand-down, and the baseline a restore passes
+    on to newer leases, are written only while this row is still held, so a restore that
+    answers after its claim was taken over changes nothing.
     """
     lease, target = registry.lease_for_ref(row.ref)
     if lease is None:
-        return Verdict.terminal(f'no module registers the lease "{row.ref}"'), row.ref
-    payload = row.payload if isinstance(row.payload, dict) else {}
-    if "baseline" not in payload or "applied" not in payload:
-        return Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref
-    handed = hand_down(run, row, token, _next_confirmed)
+        return LeaseOutcome(Verdict.terminal(f'no module registers the lease "{row.ref}"'), row.ref)
+    # An older lease of the same batch may have handed its baseline to this one since
+    # the claim read the row.
+    row.payload = _held_payload(row, token)
+    if row.payload is None:
+        return LeaseOutcome(Verdict.retry("the claim on this lease expired before it was restored"), row.ref)
+    if "baseline" not in row.payload or "applied" not in row.payload:
+        return LeaseOutcome(Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref)
+    handed = hand_down(run_id, row, token, _next_confirmed)
     if handed is not None:
-        return handed, row.ref
+        return LeaseOutcome(handed, row.ref)
+    return _restore(run_id, row, token, lease, target)
+
+
+def _held_payload(row, token):
+    payload = Resource.objects.held_by(token).filter(pk=row.pk).values_list("payload", flat=True).first()
+    return None if payload is None else payload if isinstance(payload, dict) else {}
+
+
+def _restore(run_id, row, token, lease, target):
+    payload = row.payload
+    running = []
 
     def restore(expected):
         answer = calls.call(
@@ -49,30 +77,43 @@ def give_back_lease(run, row, token):
             what=row.ref,
             baseline=payload["baseline"],
             expected=expected,
-            run_id=run.pk,
+            run_id=run_id,
             target=target,
         )
+        if answer.still_running is not None:
+            running.append(answer.still_running)
         return calls.classify_revert(answer, row.ref)
 
     verdict = restore(payload["applied"])
     if verdict.outcome == Outcome.DRIFTED:
         # Another open lease's value is in place: it holds the target (it leased it
         # between our look and our restore, or its apply landed late).
-        handed = hand_down(run, row, token, lambda _row, open_rows: _holder_of(open_rows, verdict.current))
+        handed = hand_down(run_id, row, token, lambda _row, open_rows: _holder_of(open_rows, verdict.current))
         if handed is not None:
-            return handed, row.ref
+            return LeaseOutcome(handed, row.ref)
         # An unconfirmed lease that handed its baseline to this one landed after all:
         # its value is ours to put back.
         if verdict.current in payload.get("also_expected", []):
             verdict = restore(verdict.current)
         else:
-            handed = hand_down(run, row, token, _next_newer)
+            handed = hand_down(run_id, row, token, _next_newer)
             if handed is not None:
-                return handed, row.ref
+                return LeaseOutcome(handed, row.ref)
     if verdict.outcome == Outcome.DONE:
-        with transaction.atomic():
-            _pass_baseline(row, [n for n in _open_leases(row) if n.pk > row.pk])
-    return verdict, row.ref
+        # Before any newer lease of this batch is worked, which must read the baseline.
+        _pass_baseline_if_held(row, token)
+    return LeaseOutcome(verdict, row.ref, running=running[-1] if running else None)
+
+
+def _pass_baseline_if_held(row, token):
+    """After a restore: newer open leases on the target get its baseline, but only while
+    this row is still held by ``token``. A restore that answers after its claim was taken
+    over hands nothing down (the newer sweeper decides for the row)."""
+    with transaction.atomic():
+        if not Resource.objects.select_for_update().held_by(token).filter(pk=row.pk).exists():
+            return False
+        _pass_baseline(row, [n for n in _open_leases(row) if n.pk > row.pk])
+    return True
 
 
 def _confirmed(lease_row):
@@ -121,7 +162,7 @@ def _pass_baseline(row, heirs):
         Resource.objects.filter(pk=heir.pk).update(payload=payload, updated_at=timezone.now())
 
 
-def hand_down(run, row, token, choose):
+def hand_down(run_id, row, token, choose):
     """Give this lease's baseline to the lease ``choose`` picks among the open ones.
 
     ``choose(row, open_rows)`` answers the heir or None. The leases between this row and
@@ -134,7 +175,10 @@ def hand_down(run, row, token, choose):
         heir = choose(row, open_rows)
         if heir is None:
             return None
-        if heir.state == ResourceState.REVERTING and heir.claim_expires_at > timezone.now():
+        # A newer lease held by another sweeper is being restored; one claimed by this
+        # same batch waits for its turn in this pass and reads the baseline then.
+        held_elsewhere = heir.claim_token != token and heir.claim_expires_at and heir.claim_expires_at > timezone.now()
+        if heir.state == ResourceState.REVERTING and held_elsewhere:
             return Verdict.retry(
                 f"a newer lease on this target (row {heir.pk}) is being restored; try again after it"
             )
@@ -153,7 +197,7 @@ def hand_down(run, row, token, choose):
             return Verdict.retry("the claim on this lease expired before it could be handed down")
         Attempt.record([row], "done", f"handed its baseline down to row {heir.pk}")
         RunLog.write(
-            run.pk,
+            run_id,
             "cleanup.reverted",
             what=row.ref,
             outcome="handed_down",

@@ -62,7 +62,7 @@ def request_cleanup(run, actor):
 
     A run still in flight, or one that owes nothing, is refused and nothing changes.
     """
-    from .tasks import queue_cleanup
+    from .queue import queue_cleanup
 
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
@@ -78,8 +78,8 @@ def request_cleanups(runs, actor):
     the one task works the runs in turn, ``RETRY_GAP_S`` apart (see `clean_in_turn`).
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
+    from .queue import queue_cleanup, queue_cleanups
     from .sweep import CleanupRefused
-    from .tasks import queue_cleanup, queue_cleanups
 
     accepted, refused = [], []
     for run in runs:

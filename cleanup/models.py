@@ -4,10 +4,9 @@ State changes that two workers may race on are conditional UPDATEs on these quer
 the filter says which state the row must still be in, and the row count says who won.
 """
 
-from datetime import timedelta
 
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from .conf import ATTEMPTS_CEILING
@@ -65,6 +64,8 @@ UNRESOLVED = (
 )
 # States the automatic sweep may claim from (a `reverting` row only once its claim expired).
 CLAIMABLE = (ResourceState.LIVE, ResourceState.FAILED)
+# Rows that may still owe the world something the sweep will try: the finder's index.
+OWING = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.REVERTING)
 
 STEP_KIND = "step"
 LEASE_KIND = "override"
@@ -153,19 +154,26 @@ class ResourceQuerySet(models.QuerySet):
         """Rows the automatic sweep may claim now.
 
         Retryable rows under the attempt ceiling whose backoff has passed, and rows
-        whose claim expired (a sweeper died holding them) that have attempts left.
+        whose claim expired (a sweeper died holding them) that have attempts left. A
+        failed row that still carries a live claim is held by a call that outlived its
+        budget and is still running: it is not tried again until that call ends.
         """
-        fresh = Q(state__in=CLAIMABLE, retryable=True) & (
-            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+        fresh = (
+            Q(state__in=CLAIMABLE, retryable=True)
+            & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+            & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
         )
         abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
         return self.filter(fresh | abandoned, revert_attempts__lt=max_attempts)
 
     def retryable(self, max_attempts):
         """Rows the automatic sweep will still try, now or after a backoff or a claim."""
-        return self.filter(
-            Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
-            | Q(state=ResourceState.REVERTING)
+        return self.filter(self.retryable_condition(max_attempts))
+
+    @staticmethod
+    def retryable_condition(max_attempts):
+        return Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts) | Q(
+            state=ResourceState.REVERTING
         )
 
     def waiting_for_backoff(self, now, max_attempts):
@@ -177,21 +185,6 @@ class ResourceQuerySet(models.QuerySet):
     def hurry(self, now, max_attempts):
         """A person's "now": the waiting rows are claimable at once; their counters stay."""
         return self.waiting_for_backoff(now, max_attempts).update(next_attempt_at=None, updated_at=now)
-
-    def claim(self, ids, token, now, timeout_s, max_attempts):
-        """Take the rows in `ids` that are still claimable; the count says how many.
-
-        Each claim counts one attempt. Taking over an abandoned claim counts another and
-        keeps the one the dead sweeper spent, so a module that kills its caller cannot
-        be retried for ever.
-        """
-        return self.filter(pk__in=ids).claimable(now, max_attempts).update(
-            state=ResourceState.REVERTING,
-            claim_token=token,
-            claim_expires_at=now + timedelta(seconds=timeout_s),
-            revert_attempts=F("revert_attempts") + 1,
-            updated_at=now,
-        )
 
     def resolve_logged(self, condition, state, error, log_kind, also=None, **detail):
         """Resolve the rows of this queryset that still match ``condition``, and log each.
@@ -217,24 +210,6 @@ class ResourceQuerySet(models.QuerySet):
 
     def held_by(self, token):
         return self.filter(state=ResourceState.REVERTING, claim_token=token)
-
-    def release_expired_at_ceiling(self, now, max_attempts):
-        """Abandoned claims with no attempt left become visible failures, not limbo.
-
-        Answers the rows released, each with an `Attempt` saying why.
-        """
-        error = "the sweeper that claimed this stopped before it had an answer"
-        with transaction.atomic():
-            rows = list(
-                self.select_for_update(skip_locked=True)
-                .filter(state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_attempts)
-                .order_by("id")
-            )
-            Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-                state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=error, updated_at=now
-            )
-            Attempt.record(rows, "expired", error, by="sweep", at=now)
-        return rows
 
 
 class Resource(models.Model):
@@ -291,6 +266,13 @@ class Resource(models.Model):
                 fields=["run", "step"],
                 name="res_claimable_idx",
                 condition=Q(state__in=["live", "failed"], retryable=True),
+            ),
+            # cleanup.work.runs_needing_cleanup: the runs that still owe something, found
+            # one index probe per run (a skip scan), however much history is resolved.
+            models.Index(
+                fields=["run"],
+                name="finder_owing_run_idx",
+                condition=Q(state__in=["live", "failed", "reverting"], retryable=True),
             ),
             # cleanup.sweep: claims left behind by a sweeper that died.
             models.Index(

@@ -31,6 +31,8 @@ leaves it alone and shows it to a person.
 
 import logging
 
+from .queue import queue_reconcile
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,7 +45,10 @@ class Action:
 
     ``id``: unique, conventionally ``"<module>.<verb>"``. ``module``: the module's name,
     written on every ledger row the action makes. ``budget_ms``: the deadline of each
-    call (the ``EVENT_DEFAULT_BUDGET_MS`` setting when unset).
+    call (the ``EVENT_DEFAULT_BUDGET_MS`` setting when unset). ``max_concurrency``: how
+    many of its ``revert`` calls a cleanup pass may have in flight at once, for a backend
+    that cannot take ``EVENT_CALL_CONCURRENCY`` (the default) calls together; two calls
+    for one group never overlap, whatever the limit.
 
     ``perform(*, run_id, step_id, params, idempotency_key)`` does the step and answers
     ``{"ok": True, "resources": [{"kind": str, "ref": str, "payload": dict?,
@@ -80,6 +85,7 @@ class Action:
     id = None
     module = None
     budget_ms = None
+    max_concurrency = None
     revert = None
     reconcile = None
     validate = None
@@ -110,6 +116,7 @@ class Lease:
     id = None
     module = None
     budget_ms = None
+    max_concurrency = None
     validate = None
 
     def read(self, *, target):
@@ -133,9 +140,10 @@ def _check_entry(entry, kind, required):
             raise RegistryError(f"a {kind} needs a non-empty string `{attr}`, got {value!r}")
     if "#" in entry.id:
         raise RegistryError(f"{kind} id {entry.id!r} may not contain '#'")
-    budget = getattr(entry, "budget_ms", None)
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise RegistryError(f"{kind} {entry.id!r}: budget_ms must be a positive whole number")
+    for name in ("budget_ms", "max_concurrency"):
+        value = getattr(entry, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise RegistryError(f"{kind} {entry.id!r}: {name} must be a positive whole number")
     for name in required:
         if not callable(getattr(entry, name, None)):
             raise RegistryError(f"{kind} {entry.id!r} has no callable `{name}`")
@@ -207,7 +215,5 @@ def backend_restarted(name):
     (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save may
     have brought some of it back.
     """
-    from .tasks import queue_reconcile
-
     logger.info("module %s reports that its backend restarted", name)
     return queue_reconcile(module=name, restarted=True)

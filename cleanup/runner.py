@@ -25,8 +25,8 @@ from django.utils import timezone
 from . import calls, ledger, outages, registry, validation
 from .conf import claim_timeout_s, setting
 from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
+from .queue import queue_cleanup, queue_tick
 from .sweep import past, refresh_cleanup_status
-from .tasks import queue_cleanup, queue_tick
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""django-q2 entry points, the schedule, and queueing work the moment it appears.
+"""django-q2 entry points and the schedule.
 
 Each task is a few lines over the engine. django-q2 may hand a task out twice (a worker
 killed mid-task, an acknowledgement that came late), so none of these relies on running
@@ -9,10 +9,22 @@ import logging
 
 from django.db import transaction
 
+# The queueing helpers live in `cleanup.queue`, which the engine uses too; the surfaces
+# that queue work (the API, the admin) may keep importing them from here.
+from .queue import (  # noqa: F401
+    TICK,
+    queue_cleanup,
+    queue_cleanups,
+    queue_reconcile,
+    queue_startup,
+    queue_sweep,
+    queue_tick,
+)
+
 logger = logging.getLogger(__name__)
 
 SCHEDULE_NAME = "events: tick"
-SCHEDULE_FUNC = "cleanup.tasks.tick_task"
+SCHEDULE_FUNC = TICK
 
 
 def tick_task():
@@ -46,6 +58,8 @@ def cleanup_run_task(run_id, actor=None):
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
     summary = cleanup_run(run, by=actor or "queue")
+    if summary.more:
+        queue_cleanup(run_id, actor=actor)
     _notice()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
@@ -79,41 +93,6 @@ def reconcile_task(module=None, restarted=False):
     if restarted and summary.resurrected:
         queue_sweep()
     return vars(summary)
-
-
-def _queue(func, *args, **kwargs):
-    """Queue a task once the current transaction commits (at once outside one)."""
-    from django_q.tasks import async_task
-
-    def send():
-        try:
-            async_task(func, *args, **kwargs)
-        except Exception:
-            # The schedule is the backstop: a task that could not be queued now is done
-            # by the next sweep.
-            logger.exception("could not queue %s", func)
-
-    transaction.on_commit(send)
-
-
-def queue_cleanup(run_id, actor=None):
-    _queue("cleanup.tasks.cleanup_run_task", run_id, actor=actor, task_name=f"cleanup run {run_id}")
-
-
-def queue_cleanups(run_ids, actor=None):
-    _queue("cleanup.tasks.cleanup_runs_task", list(run_ids), actor=actor, task_name=f"cleanup {len(run_ids)} runs")
-
-
-def queue_sweep():
-    _queue("cleanup.tasks.sweep_task", task_name="cleanup sweep")
-
-
-def queue_tick():
-    _queue(SCHEDULE_FUNC, task_name="tick")
-
-
-def queue_reconcile(module=None, restarted=False):
-    _queue("cleanup.tasks.reconcile_task", module=module, restarted=restarted, task_name="reconcile")
 
 
 def ensure_schedule(**kwargs):
@@ -154,6 +133,6 @@ def on_worker_start(sender=None, proc_name=None, **kwargs):
         # not a worker starting, and reacting to it would queue tasks without end.
         return
     try:
-        _queue("cleanup.tasks.startup_task", task_name="worker start-up")
+        queue_startup()
     except Exception:
         logger.exception("could not queue the start-up work")

@@ -276,13 +276,21 @@ EVENT_TICK_BUDGET_S = env_int("EVENT_TICK_BUDGET_S", 300)
 EVENT_MAX_STEPS = env_int("EVENT_MAX_STEPS", 1000)
 EVENT_MAX_PARAMS_BYTES = env_int("EVENT_MAX_PARAMS_BYTES", 16 * 1024)
 
-# django-q2 on the ORM broker. A task is handed out again when it is not acknowledged
-# within `retry` seconds, so `timeout` stays well below it; a failing task is
+# django-q2: on Redis when REDIS_URL is set, so that several worker machines share one
+# queue; on the ORM broker (the database, nothing more to run) otherwise. A task is handed
+# out again when it is not acknowledged within `retry` seconds (ORM broker only; Redis
+# hands a task out once), so `timeout` stays well below it; a failing task is
 # acknowledged and tried at most `max_attempts` times instead of for ever. The ledger's
-# own claims, not the broker, are what keep two workers off one row.
+# own claims, not the broker, are what keep two workers off one row, and the schedule
+# (one tick a minute, locked in the database) is the backstop for a task the broker lost.
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} is not a redis://, rediss:// or unix:// URL")
+
 Q_CLUSTER = {
-    "name": "eventsite",
-    "orm": "default",
+    # Every machine of one site uses the same name: it is the queue's key on Redis and
+    # the salt that signs the tasks.
+    "name": os.environ.get("Q_NAME", "eventsite"),
     "workers": env_int("Q_WORKERS", 2),
     "timeout": env_int("Q_TIMEOUT", 600),
     "retry": env_int("Q_RETRY", 900),
@@ -292,6 +300,8 @@ Q_CLUSTER = {
     "save_limit": 500,
     "poll": 1,
     "sync": env_bool("Q_SYNC", False),
+    # django-q2 reads `redis` as a URL (redis.from_url) or as keyword arguments.
+    **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),
 }
 
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")

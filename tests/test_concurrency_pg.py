@@ -34,9 +34,9 @@ def database_url():
     return f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
-def start_sweeper(calls_file, *extra):
+def start_sweeper(calls_file, *extra, **settings_env):
     env = {**os.environ, "DATABASE_URL": database_url(), "DEBUG": "1",
-           "DJANGO_SETTINGS_MODULE": "eventsite.settings", "EVENT_REVERT_BACKOFF_S": "0"}
+           "DJANGO_SETTINGS_MODULE": "eventsite.settings", "EVENT_REVERT_BACKOFF_S": "0", **settings_env}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.worker_proc", str(calls_file), *extra],
         cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -59,7 +59,9 @@ def test_two_sweeper_processes_revert_each_row_exactly_once(tmp_path):
         runs.append(run)
     calls_file = tmp_path / "calls.jsonl"
 
-    sweepers = [start_sweeper(calls_file, "--delay", "0.01") for _ in range(2)]
+    # One run per batch, and calls slow enough that the second process starts while the
+    # first still has runs to take: a batch claims all its runs' groups at once.
+    sweepers = [start_sweeper(calls_file, "--delay", "1", EVENT_CLEANUP_RUN_BATCH="1") for _ in range(2)]
     for proc in sweepers:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err

@@ -13,7 +13,7 @@ def told_already(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0005_module_health'),
+        ('cleanup', '0006_module_health'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0004_admin_alerts_waivers'),
+        ('cleanup', '0005_finder_owing_run_idx'),
     ]
 
     operations = [

@@ -1,0 +1,9 @@
+"""`manage.py bench`: how fast the sweep gives back, beside two ways written here.
+
+Not engine code: the engine never imports this package. It measures the real sweep
+through its public entry (`cleanup.sweep.sweep()`, run in a sweeper process of its own),
+and does the same work two more ways with plain psycopg: a batched plain-SQL sweep
+(`plain_sql`) and a row-at-a-time port of the original algorithm (`row_at_a_time`).
+Every way starts from freshly seeded, identical rows in a scratch PostgreSQL database
+(`scratch`, `seed`), against the same in-process module (`module`).
+"""

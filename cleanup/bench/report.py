@@ -1,0 +1,42 @@
+"""The bench's answer, as one JSON line or as a table for a person."""
+
+import json
+
+
+def json_line(result):
+    return json.dumps(result)
+
+
+def _x(value):
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _n(value, unit=""):
+    return "-" if value is None else f"{value:,.1f}{unit}"
+
+
+def table(result):
+    o, m, f = result["options"], result["machine"], result["finder_ms"]
+    lines = [
+        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}",
+        f"{o['runs']} runs x {o['steps']} steps x {o['resources']} rows: {result['rows']:,} rows in "
+        f"{result['groups']:,} groups; history {o['history']:,} resolved rows; module latency {o['latency_ms']} ms; "
+        f"medians of {o['repeats']}",
+        "",
+        f"{'way':<16}{'rows/s':>12}{'statements/group':>18}",
+    ]
+    for name, label in (("sweep", "the sweep"), ("plain_sql", "plain SQL"), ("row_at_a_time", "row at a time")):
+        way = result[name]
+        lines.append(f"{label:<16}{_n(way['rows_per_s']):>12}{_n(way['queries_per_group']):>18}")
+    lines += [
+        "",
+        f"the sweep is {_x(result['ratio_to_plain_sql'])} plain SQL and {_x(result['ratio_to_row_at_a_time'])} "
+        f"row at a time; its peak RSS {_n(result['sweep']['peak_rss_mb'], ' MB')}",
+        f"finder ({result['finder'] or 'not found'}): {_n(f['no_history'], ' ms')} without history, "
+        f"{_n(f['with_history'], ' ms')} with it",
+    ]
+    if "workers" in result:
+        w = result["workers"]
+        ratio = w["2"] / w["1"] if w["1"] and w["2"] else None
+        lines.append(f"sweepers: 1 gives back {_n(w['1'])} rows/s, 2 side by side {_n(w['2'])} rows/s ({_x(ratio)})")
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""A sweeper process for the bench: ``python -m cleanup.bench.worker --latency-ms N``.
+
+The real sweep runs here, in a process of its own, so that its peak memory is a
+sweeper's and two of them can race side by side. DATABASE_URL names the scratch
+database. It answers one JSON line per command read from stdin:
+
+- ``{"do": "migrate"}``: bring the scratch database's schema up to date.
+- ``{"do": "finder", "repeat": n}``: time the engine's finder, median in ms.
+- ``{"do": "sweep", "after": run_id}``: call ``cleanup.sweep.sweep()`` until no row of a
+  run after ``after`` is unresolved; statements sent, seconds, peak RSS.
+"""
+
+import argparse
+import importlib
+import inspect
+import json
+import resource
+import statistics
+import sys
+import time
+
+# Where the engine's finder has lived, newest first: a rename costs the figure, not the bench.
+FINDERS = [
+    ("cleanup.finder", "runs_needing_cleanup"),
+    ("cleanup.sweep", "runs_needing_cleanup"),
+    ("cleanup.sweep", "find_work"),
+]
+IDLE_LIMIT_S = 60
+
+
+def find_finder():
+    for module_name, name in FINDERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if callable(getattr(module, name, None)):
+            return f"{module_name}.{name}", getattr(module, name)
+    return None, None
+
+
+def time_finder(repeat):
+    """Median ms of the engine's finder, each call rolled back so that a claiming finder leaves no trace."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from cleanup.conf import setting
+
+    name, finder = find_finder()
+    if finder is None:
+        return {"finder": None, "ms": None}
+    arguments = [timezone.now(), setting("EVENT_CLEANUP_RUN_BATCH")]
+    positional = [p for p in inspect.signature(finder).parameters.values()
+                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    arguments = arguments[: len(positional)]
+    times = []
+    for _ in range(repeat):
+        with transaction.atomic():
+            started = time.perf_counter()
+            finder(*arguments)
+            times.append((time.perf_counter() - started) * 1000)
+            transaction.set_rollback(True)
+    return {"finder": name, "ms": statistics.median(times)}
+
+
+def unresolved_after(after):
+    from cleanup.models import UNRESOLVED, Resource
+
+    return Resource.objects.filter(run_id__gt=after, state__in=UNRESOLVED).exists()
+
+
+def attempted(result):
+    """Did a pass work anything? None when the engine's answer does not say."""
+    summary = getattr(result, "summary", None)
+    value = getattr(summary, "attempted", None)
+    return None if value is None else bool(value)
+
+
+def sweep_to_the_end(after):
+    from django.db import connection
+
+    from cleanup.sweep import sweep
+
+    statements = 0
+
+    def count(execute, sql, params, many, context):
+        nonlocal statements
+        statements += 1
+        return execute(sql, params, many, context)
+
+    started = time.perf_counter()
+    idle_since = None
+    while True:
+        with connection.execute_wrapper(count):
+            result = sweep()
+        if attempted(result):
+            idle_since = None
+            continue
+        if not unresolved_after(after):
+            break
+        # Another sweeper holds the rest, or a backoff: wait, within reason.
+        idle_since = idle_since or time.perf_counter()
+        if time.perf_counter() - idle_since > IDLE_LIMIT_S:
+            return {"error": f"the sweep left rows unresolved for {IDLE_LIMIT_S} s"}
+        time.sleep(0.005)
+    return {
+        "seconds": time.perf_counter() - started,
+        "statements": statements,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def serve(action):
+    from django.core.management import call_command
+
+    handlers = {
+        "migrate": lambda cmd: call_command("migrate", verbosity=0) or {},
+        "finder": lambda cmd: time_finder(cmd.get("repeat", 25)),
+        "sweep": lambda cmd: sweep_to_the_end(cmd["after"]),
+    }
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        before = action.calls
+        answer = handlers[command["do"]](command)
+        print(json.dumps({**answer, "calls": action.calls - before}), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency-ms", type=int, default=0)
+    args = parser.parse_args()
+    import django
+
+    django.setup()
+    from cleanup import registry
+
+    from .module import Instant
+
+    action = Instant(args.latency_ms)
+    registry.register_action(action)
+    serve(action)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Calling the modules for a claimed batch: concurrently, within limits, never twice at once.
+
+Step groups and loose rows are given back by ``revert`` calls made concurrently, at most
+``EVENT_CALL_CONCURRENCY`` at once and at most a module's ``max_concurrency`` for one
+module, on reused workers (`cleanup.calls`). Lease groups go one at a time, oldest
+first, because the hand-downs of rule 13 read and write the ledger between their calls.
+Each group gets one `Called`: its verdict, or None when the pass's time ran out before
+its call could start.
+
+A call that outlives its budget is not stopped (nothing can stop it) and not retried
+while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
+claim while the call still runs in this process and lets it go once the call ends. If
+the process dies the claim simply expires, as any dead sweeper's does.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections
+from django.db.models import Q
+from django.utils import timezone
+
+from . import calls, registry
+from .calls import Outcome, Verdict
+from .conf import claim_timeout_s, setting
+from .leases import HANDED_DOWN, give_back_lease
+from .models import STEP_KIND, Resource, ResourceState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Called:
+    """What became of one group's call."""
+
+    group: object
+    verdict: Verdict | None  # None: not started, the pass's time ran out first
+    what: str | None = None
+    handed_down: bool = False  # a lease that handed its baseline down; its row is resolved
+    running: object = None  # the call, when it outlived its budget and still runs
+
+
+@dataclass(eq=False)
+class _Job:
+    group: object
+    module: str
+    limit: int
+    fn: object
+    kwargs: dict
+    budget_ms: int
+    what: str
+    refs: list
+
+
+def past(deadline):
+    """Has a leg's time budget run out? (None: no budget.)"""
+    return deadline is not None and timezone.now() >= deadline
+
+
+def call_lease(group, token, deadline=None):
+    """Restore one lease group, or hand its baseline down (`cleanup.leases`)."""
+    if past(deadline):
+        return Called(group, None)
+    outcome = give_back_lease(group.run_id, group.rows[0], token)
+    if outcome.verdict is HANDED_DOWN:
+        return Called(group, None, outcome.what, handed_down=True)
+    return Called(group, outcome.verdict, outcome.what, running=outcome.running)
+
+
+def call_groups(groups, deadline=None):
+    """Make the revert calls of step groups and loose rows; answers one `Called` per group."""
+    results, jobs = [], []
+    for group in groups:
+        prepared = _revert_job(group)
+        if isinstance(prepared, Called):
+            results.append(prepared)
+        else:
+            jobs.append(prepared)
+    results.extend(_run_concurrently(jobs, deadline))
+    return results
+
+
+def _action_of(group):
+    return group.action_id or group.rows[0].action or None
+
+
+def _revert_job(group):
+    """The revert call a step's (or a loose row's) group needs, or its verdict when none can be made."""
+    action_id = _action_of(group)
+    if not action_id:
+        return Called(group, Verdict.terminal("nothing records which action created this"))
+    action = registry.get_action(action_id)
+    if action is None:
+        error = f'no module registers the action "{action_id}", so its resources cannot be given back'
+        return Called(group, Verdict.terminal(error), action_id)
+    resources = [
+        {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
+        for r in group.rows
+        if r.kind != STEP_KIND
+    ]
+    if not callable(getattr(action, "revert", None)):
+        if not resources:
+            # Only the step's placeholder, and an action that can give nothing back: there
+            # is nothing a person could do about it either.
+            return Called(group, Verdict(Outcome.DONE), action_id)
+        error = f"{action_id} declares no revert(), so nothing it made can be given back"
+        return Called(group, Verdict.terminal(error), action_id)
+    key = _idempotency_key(group)
+    return _Job(
+        group, action.module, module_limit(action), action.revert,
+        {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
+        calls.budget_under_claim(action), action_id, [r["ref"] for r in resources],
+    )
+
+
+def _idempotency_key(group):
+    if group.kind == "step" and group.step_key:
+        return group.step_key
+    first = group.rows[0]
+    return first.payload.get("idempotency_key") or first.ref
+
+
+def module_limit(entry):
+    """How many calls of one module may be in flight at once in a pass."""
+    limit = setting("EVENT_CALL_CONCURRENCY")
+    own = getattr(entry, "max_concurrency", None)
+    return min(limit, own) if isinstance(own, int) and own > 0 else limit
+
+
+def _run_concurrently(jobs, deadline):
+    """Start the jobs as limits allow, each under its budget; answers their `Called`s."""
+    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline)
+    pending = list(jobs)
+    while pending or flight.calls:
+        flight.land()
+        while pending and flight.has_room():
+            job = next((j for j in pending if flight.module_has_room(j)), None)
+            if job is None:
+                break
+            pending.remove(job)
+            flight.start(job)
+        flight.wait()
+    return flight.results
+
+
+class _Flight:
+    """The calls of a pass in flight: who may start, and which have ended or timed out."""
+
+    def __init__(self, limit, deadline):
+        self.limit, self.deadline = limit, deadline
+        self.calls = {}  # job -> (future, when its budget ends on the monotonic clock)
+        self.per_module = Counter()
+        self.results = []
+        self.woken = threading.Event()
+
+    def has_room(self):
+        return len(self.calls) < self.limit
+
+    def module_has_room(self, job):
+        return self.per_module[job.module] < job.limit
+
+    def start(self, job):
+        if past(self.deadline):
+            self.results.append(Called(job.group, None, job.what))
+            return
+        future = calls.start(job.fn, what=job.what, **job.kwargs)
+        future.add_done_callback(lambda _f: self.woken.set())
+        self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
+        self.per_module[job.module] += 1
+
+    def land(self):
+        """Take in the calls that answered or ran out of budget (a call past its budget
+        no longer counts against the limits: the pass does not wait for it)."""
+        self.woken.clear()
+        for job, (future, expires) in list(self.calls.items()):
+            if future.done() or time.monotonic() >= expires:
+                del self.calls[job]
+                self.per_module[job.module] -= 1
+                self.results.append(_verdict_of(job, future))
+
+    def wait(self):
+        if self.calls:
+            soonest = min(expires for _future, expires in self.calls.values())
+            self.woken.wait(max(0.0, soonest - time.monotonic()))
+
+
+def _verdict_of(job, future):
+    answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
+    verdict = calls.classify_revert(answer, job.what, refs=job.refs)
+    return Called(job.group, verdict, job.what, running=answer.still_running)
+
+
+# -- the keeper of calls that outlived their budget --------------------------------------
+
+
+@dataclass(eq=False)
+class _Hold:
+    token: object
+    selector: Q
+    future: object
+
+
+_holds = []
+_holds_lock = threading.Lock()
+_keeper_wake = threading.Event()
+_keeper = None
+
+
+def hold_overdue(token, called):
+    """After a batch's verdicts are written: keep the rows of calls still running held."""
+    holds = [_Hold(token, c.group.selector, c.running) for c in called if c.running is not None]
+    if not holds:
+        return
+    global _keeper
+    with _holds_lock:
+        _holds.extend(holds)
+        if _keeper is None:
+            _keeper = threading.Thread(target=_keep, name="cleanup-keeper", daemon=True)
+            _keeper.start()
+    for hold in holds:
+        hold.future.add_done_callback(lambda _f: _keeper_wake.set())
+
+
+def keep_overdue_claims():
+    """Renew the claims of calls still running, release those whose call ended.
+
+    Answers how many calls are still held. The rows stay ``failed`` with the timeout as
+    their error throughout, so a person sees why they wait.
+    """
+    with _holds_lock:
+        holds = list(_holds)
+    ended = [h for h in holds if h.future.done()]
+    running = [h for h in holds if not h.future.done()]
+    if running:
+        until = timezone.now() + timedelta(seconds=claim_timeout_s())
+        _held_rows(running).update(claim_expires_at=until)
+    if ended:
+        _held_rows(ended).update(claim_token=None, claim_expires_at=None)
+    with _holds_lock:
+        for hold in ended:
+            _holds.remove(hold)
+        return len(_holds)
+
+
+def _held_rows(holds):
+    condition = Q()
+    for hold in holds:
+        condition |= hold.selector & Q(claim_token=hold.token)
+    return Resource.objects.filter(condition, state=ResourceState.FAILED)
+
+
+def _after_fork():
+    # A forked process holds none of its parent's calls, and has no keeper yet.
+    global _holds_lock, _keeper
+    _holds.clear()
+    _holds_lock = threading.Lock()
+    _keeper = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _keep():
+    """The keeper's loop: often enough that a claim never lapses while its call runs."""
+    global _keeper
+    interval = max(0.5, min(30.0, claim_timeout_s() / 4))
+    while True:
+        _keeper_wake.wait(interval)
+        _keeper_wake.clear()
+        try:
+            keep_overdue_claims()
+        except Exception:
+            logger.exception("could not renew the claims of calls past their budget")
+        finally:
+            connections.close_all()
+        with _holds_lock:
+            if not _holds:
+                _keeper = None
+                return

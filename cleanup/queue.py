@@ -1,0 +1,61 @@
+"""Queueing work for django-q2 by the task's dotted path, once the caller's transaction commits.
+
+The engine queues its own next steps (a run that ended, a pass that stopped at a bound)
+through here. A task is named by its path, as django-q2 itself does, so nothing here
+imports the tasks or the engine: the arrows stay one way, from the task module to the
+engine and never back.
+"""
+
+import logging
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+TICK = "cleanup.tasks.tick_task"
+SWEEP = "cleanup.tasks.sweep_task"
+CLEANUP_RUN = "cleanup.tasks.cleanup_run_task"
+CLEANUP_RUNS = "cleanup.tasks.cleanup_runs_task"
+RECONCILE = "cleanup.tasks.reconcile_task"
+STARTUP = "cleanup.tasks.startup_task"
+
+
+def enqueue(func, *args, **kwargs):
+    """Queue the task at dotted path ``func`` once the current transaction commits.
+
+    Outside a transaction it is queued at once. A task that cannot be queued is logged
+    and left to the schedule, which is the backstop for every queued task.
+    """
+    from django_q.tasks import async_task
+
+    def send():
+        try:
+            async_task(func, *args, **kwargs)
+        except Exception:
+            logger.exception("could not queue %s", func)
+
+    transaction.on_commit(send)
+
+
+def queue_cleanup(run_id, actor=None):
+    enqueue(CLEANUP_RUN, run_id, actor=actor, task_name=f"cleanup run {run_id}")
+
+
+def queue_cleanups(run_ids, actor=None):
+    enqueue(CLEANUP_RUNS, list(run_ids), actor=actor, task_name=f"cleanup {len(run_ids)} runs")
+
+
+def queue_sweep():
+    enqueue(SWEEP, task_name="cleanup sweep")
+
+
+def queue_tick():
+    enqueue(TICK, task_name="tick")
+
+
+def queue_reconcile(module=None, restarted=False):
+    enqueue(RECONCILE, module=module, restarted=restarted, task_name="reconcile")
+
+
+def queue_startup():
+    enqueue(STARTUP, task_name="worker start-up")

@@ -1,0 +1,334 @@
+"""Writing what a batch's calls answered: rows, log entries and run statuses, in one transaction.
+
+A verdict lands only on rows its claim still holds (same token, still ``reverting``):
+the rows are locked first, so the log names exactly the rows that changed, and a
+sweeper whose claim was taken over writes nothing at all, not even a pass summary. The
+statuses of the batch's runs are written in the same transaction as their rows, so a
+sweeper that dies leaves both as they were or both as they are now, never one of them.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
+from django.utils import timezone
+
+from .calls import Outcome
+from .conf import claim_timeout_s, max_revert_attempts, setting
+from .models import (
+    LEASE_KIND,
+    STEP_KIND,
+    TERMINAL,
+    UNRESOLVED,
+    Attempt,
+    CleanupStatus,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+)
+
+logger = logging.getLogger(__name__)
+
+DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
+LONGEST_BACKOFF = timedelta(days=30)
+
+
+@dataclass
+class Summary:
+    attempted: int = 0
+    reverted: int = 0
+    drifted: int = 0
+    failed: int = 0
+    remaining: int = 0
+    more: bool = False  # the pass stopped at a bound with groups of the run left to work
+
+    def add(self, other):
+        for name in COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.more = self.more or other.more
+
+    def logged(self, by):
+        """The detail of the run's ``cleanup.swept`` entry (rule 11)."""
+        return {**{name: getattr(self, name) for name in COUNTS}, "by": by}
+
+
+COUNTS = ("attempted", "reverted", "drifted", "failed", "remaining")
+
+
+def write(batch, called, by, summaries=None):
+    """Write the verdicts of a batch, its log and its runs' statuses; answers a `Summary` per run.
+
+    ``summaries`` carries what earlier writes of the same batch counted (its leases).
+    """
+    now = timezone.now()
+    summaries = summaries if summaries is not None else {}
+    with transaction.atomic():
+        runs = lock_runs(batch.run_ids)
+        entries = _write_rows(batch.token, called, summaries, now, by)
+        for run_id, (_status, remaining) in write_statuses(runs, now).items():
+            summary = summaries.setdefault(run_id, Summary())
+            summary.remaining = remaining
+            if summary.attempted:
+                entries.append(RunLog(run_id=run_id, kind="cleanup.swept", at=now, detail=summary.logged(by)))
+        RunLog.objects.bulk_create(entries)
+    return summaries
+
+
+def write_now(token, called, summaries, by=""):
+    """Write some verdicts and their log at once, before the rest of the batch (a lease's,
+    which the next lease on its target must see); the batch's `write` adds the statuses."""
+    now = timezone.now()
+    with transaction.atomic():
+        RunLog.objects.bulk_create(_write_rows(token, called, summaries, now, by))
+
+
+def _write_rows(token, called, summaries, now, by=""):
+    """Stage and write the rows of ``called`` still held by ``token``, with an `Attempt` for
+    each; answers their log entries."""
+    held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
+    changes, entries, attempts = _Changes(now), [], []
+    for result in called:
+        summary = summaries.setdefault(result.group.run_id, Summary())
+        entry = _one(result, held, changes, summary, now)
+        if entry is not None:
+            entries.append(entry)
+            attempts.extend(_attempts(result, held, now, by))
+    changes.apply(token)
+    Attempt.objects.bulk_create(attempts)
+    return entries
+
+
+def _attempts(result, held, now, by):
+    """Each written row's attempt, for its own history (one insert for the batch)."""
+    verdict = result.verdict
+    for row in result.group.rows:
+        if row.pk not in held:
+            continue
+        outcome, error = str(verdict.outcome), verdict.error
+        if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
+            outcome, error = "failed", f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
+        yield Attempt(resource_id=row.pk, run_id=row.run_id, number=row.revert_attempts, at=now,
+                      outcome=outcome, error=error, by=by or "")
+
+
+def _one(result, held, changes, summary, now):
+    """Stage one group's verdict; answers its log entry, or None."""
+    group = result.group
+    if result.handed_down:  # resolved and logged by its own fenced hand-down
+        summary.attempted += len(group.rows)
+        summary.reverted += 1
+        return None
+    rows = [r for r in group.rows if r.pk in held]
+    if result.verdict is None:
+        changes.stage(group, rows, _not_started)
+        return None
+    if not rows:
+        logger.warning("the verdict on %s for run %s came after its claim was taken over", result.what, group.run_id)
+        return None
+    summary.attempted += len(rows)
+    changes.stage(group, rows, lambda row: _values(result, row, summary, now))
+    return _log_entry(result, rows, now)
+
+
+def _not_started(row):
+    """The pass's time ran out before the call: the claim is given back, and its attempt."""
+    return {"state": "__previous__", "revert_attempts": "__given_back__", "claim_token": None, "claim_expires_at": None}
+
+
+def _values(result, row, summary, now):
+    """The columns one row's verdict writes (and counts it in ``summary``)."""
+    verdict = result.verdict
+    release = {"claim_token": None, "claim_expires_at": None}
+    if verdict.outcome == Outcome.DONE:
+        if row.ref in verdict.failed and row.kind != STEP_KIND:
+            summary.failed += 1
+            error = f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
+            return {"state": ResourceState.FAILED, "last_error": error, "next_attempt_at": _retry_at(row, now),
+                    **release}
+        summary.reverted += 1
+        return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **release}
+    if verdict.outcome == Outcome.DRIFTED:
+        summary.drifted += 1
+        return {"state": ResourceState.DRIFTED, "last_error": verdict.error, **release}
+    summary.failed += 1
+    if verdict.outcome == Outcome.TERMINAL:
+        return {"state": ResourceState.FAILED, "last_error": verdict.error, "retryable": False, **release}
+    if result.running is not None:
+        # The call is still running: its rows stay held (renewed by `cleanup.calling`)
+        # until it ends, so it is never retried while it may still act.
+        release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
+    return {"state": ResourceState.FAILED, "last_error": verdict.error, "next_attempt_at": _retry_at(row, now),
+            **release}
+
+
+def _retry_at(row, now):
+    """A retryable failure waits out a backoff that doubles with each attempt."""
+    seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, row.revert_attempts - 1)
+    return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
+
+
+def _log_entry(result, rows, now):
+    verdict = result.verdict
+    detail = {"what": result.what, "outcome": str(verdict.outcome), "resources": [f"{r.kind}:{r.ref}" for r in rows]}
+    if verdict.error:
+        detail["error"] = verdict.error
+    if verdict.outcome == Outcome.DONE and verdict.failed:
+        detail["failed"] = sorted(verdict.failed)
+    if verdict.outcome == Outcome.DRIFTED:
+        detail["current"] = verdict.current
+    kind = "cleanup.reverted" if verdict.outcome == Outcome.DONE and not verdict.failed else "cleanup.failed"
+    return RunLog(run_id=result.group.run_id, kind=kind, at=now, detail=detail)
+
+
+class _Changes:
+    """The batch's row changes, staged per column and written by one UPDATE of CASEs."""
+
+    def __init__(self, now):
+        self.now = now
+        self.columns = {}  # column -> {value: ([step ids], [row ids])}
+
+    def stage(self, group, rows, values_of):
+        by_values = {}
+        for row in rows:
+            values = values_of(row)
+            by_values.setdefault(tuple(sorted(values.items())), []).append(row.pk)
+        whole = len(by_values) == 1 and len(rows) == len(group.rows)
+        for values, ids in by_values.items():
+            for column, value in values:
+                steps, pks = self.columns.setdefault(column, {}).setdefault(value, ([], []))
+                if whole and group.kind == "step":
+                    steps.append(group.key)
+                else:
+                    pks.extend(ids)
+
+    def apply(self, token):
+        if not self.columns:
+            return
+        updates = {column: self._case(column, by_value) for column, by_value in self.columns.items()}
+        # The rows still held were locked by this transaction (`_write_rows`): only they
+        # carry the token and match a WHEN.
+        Resource.objects.filter(claim_token=token).update(**updates, updated_at=self.now)
+
+    def _case(self, column, by_value):
+        field = Resource._meta.get_field(column)
+        whens = []
+        for value, (steps, pks) in by_value.items():
+            where = Q(pk__in=pks) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
+            if value == "__previous__":
+                # A row never tried stays live; one that failed before stays failed.
+                whens.append(When(where & Q(last_error=""), then=Value(ResourceState.LIVE.value)))
+                value = ResourceState.FAILED.value
+            if value == "__given_back__":
+                whens.append(When(where, then=F("revert_attempts") - 1))
+                continue
+            whens.append(When(where, then=Value(value, output_field=field)))
+        return Case(*whens, default=F(column), output_field=field)
+
+
+def lock_runs(run_ids):
+    """Lock runs for a status write, in id order; answers ``{id: (auto_cleanup, status)}``."""
+    rows = Run.objects.select_for_update().filter(pk__in=run_ids).order_by("id")
+    return {pk: (auto, status) for pk, auto, status in rows.values_list("id", "auto_cleanup", "cleanup_status")}
+
+
+def write_statuses(runs, now):
+    """Set each locked run's cleanup status from its rows; answers ``{id: (status, unresolved)}``."""
+    counted = _counts(list(runs))
+    answer, changed = {}, {}
+    for run_id, (auto_cleanup, current) in runs.items():
+        counts = counted.get(run_id, {"total": 0, "unresolved": 0, "retryable": 0})
+        status = _status(counts, auto_cleanup)
+        if status != current:
+            changed.setdefault(status, []).append(run_id)
+        answer[run_id] = (status, counts["unresolved"])
+    if changed:
+        whens = [When(pk__in=ids, then=Value(status.value)) for status, ids in changed.items()]
+        Run.objects.filter(pk__in=[i for ids in changed.values() for i in ids]).update(
+            cleanup_status=Case(*whens, default=F("cleanup_status")), updated_at=now
+        )
+    return answer
+
+
+def _counts(run_ids):
+    """Rows, unresolved rows and rows the sweep will still try, per run: one query."""
+    counts = (
+        Resource.objects.filter(run_id__in=run_ids)
+        .values("run_id")
+        .annotate(
+            total=Count("id"),
+            unresolved=Count("id", filter=Q(state__in=UNRESOLVED)),
+            retryable=Count("id", filter=Resource.objects.retryable_condition(max_revert_attempts())),
+        )
+        .order_by()
+    )
+    return {c["run_id"]: c for c in counts}
+
+
+def _status(counts, auto_cleanup):
+    """Rule 5: complete when nothing is unresolved, pending while anything is retryable."""
+    if counts["unresolved"] == 0:
+        return CleanupStatus.COMPLETE if counts["total"] else CleanupStatus.NOT_REQUIRED
+    if auto_cleanup and counts["retryable"]:
+        return CleanupStatus.PENDING
+    return CleanupStatus.INCOMPLETE
+
+
+def refresh_statuses(run_ids):
+    """Make the cleanup status of ``run_ids`` say what their rows say, under their locks."""
+    with transaction.atomic():
+        return write_statuses(lock_runs(run_ids), timezone.now())
+
+
+def repair_statuses(limit):
+    """Terminal runs left ``pending`` with nothing the sweep will still try get their true status.
+
+    A verdict and its run's status are written together, but a status can still be left
+    behind (by an older version, or a write that died between them); the next pass
+    repairs it here. Answers how many runs were looked at.
+    """
+    retryable = Resource.objects.filter(run=OuterRef("pk")).retryable(max_revert_attempts())
+    stale = list(
+        Run.objects.filter(status__in=TERMINAL, cleanup_status=CleanupStatus.PENDING)
+        .exclude(Exists(retryable))
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    )
+    if stale:
+        refresh_statuses(stale)
+    return len(stale)
+
+
+def release_spent_claims(now, by=""):
+    """Claims of dead sweepers with no attempt left become failures a person can see, logged.
+
+    Answers how many rows were released.
+    """
+    spent = Resource.objects.filter(
+        state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_revert_attempts()
+    )
+    run_ids = set(spent.values_list("run_id", flat=True))
+    if not run_ids:
+        return 0
+    with transaction.atomic():
+        runs = lock_runs(run_ids)
+        rows = list(spent.select_for_update().order_by("id").only("id", "run_id", "kind", "ref", "revert_attempts"))
+        Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
+            state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=DEAD_CLAIM, updated_at=now
+        )
+        RunLog.objects.bulk_create(_expired_entries(rows, now))
+        Attempt.record(rows, "expired", DEAD_CLAIM, by=by, at=now)
+        write_statuses(runs, now)
+    return len(rows)
+
+
+def _expired_entries(rows, now):
+    """One ``cleanup.failed`` entry per run, naming its rows whose sweeper died."""
+    by_run = {}
+    for row in rows:
+        by_run.setdefault(row.run_id, []).append(f"{row.kind}:{row.ref}")
+    for run_id, resources in by_run.items():
+        detail = {"outcome": "expired", "resources": resources, "error": DEAD_CLAIM}
+        yield RunLog(run_id=run_id, kind="cleanup.failed", at=now, detail=detail)

@@ -1,0 +1,259 @@
+"""Finding a pass's work and claiming it.
+
+The finder names the terminal runs that still owe something; a pass takes a batch of
+them (``FOR UPDATE SKIP LOCKED``, so two sweepers work different runs at once), reads
+their claimable groups (a lease row, a step's rows, or one loose row, leases first), and
+claims the first ``EVENT_CLEANUP_GROUPS_PER_RUN`` groups of each in one conditional
+UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and returns
+the rows as the module calls need them, so nothing is read twice.
+"""
+
+import functools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import Case, Exists, F, IntegerField, Max, Min, OuterRef, Q, Value, When
+from django.utils import timezone
+
+from .conf import claim_timeout_s, max_revert_attempts, setting
+from .models import LEASE_KIND, OWING, TERMINAL, Resource, ResourceState, Run
+
+
+@dataclass
+class Row:
+    """A claimed ledger row, as the claim returned it."""
+
+    pk: int
+    run_id: int
+    step_id: int | None
+    kind: str
+    ref: str
+    payload: dict
+    member_key: str
+    revert_attempts: int
+    action: str  # the action that made the row, kept on the row as it outlives its step
+
+
+@dataclass
+class Group:
+    """Rows given back by one call: a lease row, a step's rows, or one loose row."""
+
+    kind: str  # "lease", "step" or "row"
+    key: int  # the lease row's id, the step's id, or the loose row's id
+    run_id: int
+    action_id: str | None = None  # the step's action, for a step's group
+    step_key: str | None = None  # the step's idempotency key
+    rows: list = field(default_factory=list)
+
+    @property
+    def selector(self):
+        """The group's rows, as a condition (a step's rows exclude its lease rows)."""
+        if self.kind == "step":
+            return Q(step_id=self.key) & ~Q(kind=LEASE_KIND)
+        return Q(pk=self.key)
+
+
+@dataclass
+class Batch:
+    """What one claim took: its token, its groups, and whether work was left behind."""
+
+    token: object
+    groups: list
+    more: bool = False  # a run had more groups than one pass works
+
+    @property
+    def run_ids(self):
+        return sorted({g.run_id for g in self.groups})
+
+    def leases(self):
+        """The lease groups, one at a time (rule 13): newest run first, as the sweep has
+        always taken runs, and a run's leases in ledger order."""
+        return sorted((g for g in self.groups if g.kind == "lease"), key=lambda g: (-g.run_id, g.key))
+
+    def others(self):
+        return [g for g in self.groups if g.kind != "lease"]
+
+
+def runs_needing_cleanup(now, limit):
+    """Ids of terminal runs in the automatic sweep that have rows to claim now, oldest first.
+
+    Found from the rows, never from a flag (rule 2), but without reading them: a skip scan
+    of ``finder_owing_run_idx`` visits each run that still owes something once, so the
+    cost follows the runs with work, not the ledger's history.
+    """
+    sql, params = _finder_sql(connection.alias, max_revert_attempts())
+    at = connection.ops.adapt_datetimefield_value(now)
+    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [at if p == sentinel else p for p in params] + [limit])
+        return [run_id for (run_id,) in cursor.fetchall()]
+
+
+# The finder's SQL is built once per database and ceiling, with this in place of "now".
+_SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=16)
+def _finder_sql(alias, max_attempts):
+    """The skip scan, its WHERE clauses compiled from the querysets that own the rules."""
+    owing_sql, owing_params = _where(Resource.objects.filter(state__in=OWING, retryable=True))
+    claimable_sql, claimable_params = _where(Resource.objects.claimable(_SENTINEL, max_attempts))
+    resource, run = (connection.ops.quote_name(t) for t in (Resource._meta.db_table, Run._meta.db_table))
+    statuses = ", ".join(["%s"] * len(TERMINAL))
+    sql = f"""
+        WITH RECURSIVE owing(run_id) AS (
+            SELECT MIN(run_id) FROM {resource} WHERE {owing_sql}
+            UNION ALL
+            SELECT (SELECT MIN(run_id) FROM {resource} WHERE {owing_sql} AND {resource}.run_id > owing.run_id)
+            FROM owing WHERE owing.run_id IS NOT NULL
+        )
+        SELECT owing.run_id FROM owing JOIN {run} ON {run}.id = owing.run_id
+        WHERE {run}.status IN ({statuses}) AND {run}.auto_cleanup
+          AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = owing.run_id AND {claimable_sql})
+        LIMIT %s
+    """
+    return sql, (*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params)
+
+
+def _where(queryset):
+    """The WHERE clause of a one-table queryset, as SQL and params."""
+    query = queryset.query
+    return query.get_compiler(connection=connection).compile(query.where)
+
+
+def take_runs(run_ids, now, skip_locked, limit=None):
+    """Lock up to ``limit`` terminal runs among ``run_ids`` that still have rows to claim,
+    oldest first, for the caller's transaction.
+
+    With ``skip_locked`` a run another sweeper is claiming right now is passed over
+    rather than waited for, and the next candidate is taken instead; one whose rows a
+    sweeper claimed since the finder looked is passed over too.
+    """
+    claimable = Resource.objects.filter(run=OuterRef("pk")).claimable(now, max_revert_attempts())
+    runs = (
+        Run.objects.select_for_update(skip_locked=skip_locked)
+        .filter(Exists(claimable), pk__in=run_ids, status__in=TERMINAL)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    return list(runs[:limit] if limit else runs)
+
+
+def plan(run_ids, now, per_run):
+    """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
+
+    One query that reads a row per group, not per ledger row. Answers the groups and
+    whether some run had more.
+    """
+    alone = Case(
+        When(Q(kind=LEASE_KIND) | Q(step__isnull=True), then=F("id")), default=Value(0), output_field=IntegerField()
+    )
+    heads = (
+        Resource.objects.filter(run_id__in=run_ids)
+        .claimable(now, max_revert_attempts())
+        .annotate(alone=alone)
+        .values("run_id", "step_id", "alone", "step__action_id", "step__idempotency_key")
+        .annotate(first=Min("id"), lease=Max(Case(When(kind=LEASE_KIND, then=1), default=0)))
+        .order_by("run_id", "first")
+    )
+    by_run = {}
+    for head in heads:
+        by_run.setdefault(head["run_id"], []).append(_group(head))
+    order = {"lease": 0, "step": 1, "row": 2}
+    groups, more = [], False
+    for run_groups in by_run.values():
+        run_groups.sort(key=lambda g: order[g.kind])  # stable: within a kind, ledger order
+        more = more or len(run_groups) > per_run
+        groups.extend(run_groups[:per_run])
+    return groups, more
+
+
+def _group(head):
+    if head["lease"]:
+        return Group("lease", head["alone"], head["run_id"])
+    if head["alone"]:
+        return Group("row", head["alone"], head["run_id"])
+    return Group("step", head["step_id"], head["run_id"], head["step__action_id"], head["step__idempotency_key"])
+
+
+def claim(run_ids, token, *, skip_locked=True, limit=None):
+    """Claim the first groups of up to ``limit`` runs among ``run_ids`` that no one else
+    is claiming.
+
+    One transaction: the runs are locked, their groups read, and every group claimed by
+    one conditional UPDATE that returns the rows it took.
+    """
+    now = timezone.now()
+    per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")
+    with transaction.atomic():
+        taken = take_runs(run_ids, now, skip_locked, limit)
+        groups, more = plan(taken, now, per_run) if taken else ([], False)
+        rows = _claim_rows(taken, groups, token, now) if groups else []
+    return Batch(token, _attach(groups, rows), more)
+
+
+def _claim_rows(run_ids, groups, token, now):
+    """Claim the groups' rows that are still claimable; answers the rows taken.
+
+    Each claim counts one attempt. Taking over an abandoned claim counts another and
+    keeps the one the dead sweeper spent, so a module that kills its caller cannot be
+    retried for ever.
+    """
+    steps = [g.key for g in groups if g.kind == "step"]
+    alone = [g.key for g in groups if g.kind != "step"]
+    wanted = Q(pk__in=alone) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
+    target = Resource.objects.filter(wanted, run_id__in=run_ids).claimable(now, max_revert_attempts())
+    return _update_returning(target, token, now + timedelta(seconds=claim_timeout_s()), now)
+
+
+def _update_returning(queryset, token, expires, now):
+    """``queryset.update(<the claim>)`` answering the rows it changed (UPDATE ... RETURNING).
+
+    Django's ``update()`` answers a count only; the WHERE clause is compiled from the
+    queryset, so the claimable rule stays written once, in `ResourceQuerySet.claimable`.
+    """
+    where, where_params = _where(queryset)
+    meta = Resource._meta
+    prep = {name: meta.get_field(name) for name in ("state", "claim_token", "claim_expires_at", "updated_at")}
+    values = {
+        "state": ResourceState.REVERTING.value,
+        "claim_token": token,
+        "claim_expires_at": expires,
+        "updated_at": now,
+    }
+    sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
+    params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    columns = ("id", "run_id", "step_id", "kind", "ref", "payload", "member_key", "revert_attempts", "action")
+    table = connection.ops.quote_name(meta.db_table)
+    sql = (
+        f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + 1 WHERE {where} "
+        f"RETURNING {', '.join(connection.ops.quote_name(c) for c in columns)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *where_params])
+        fetched = cursor.fetchall()
+    payload_field = meta.get_field("payload")
+    return [Row(*values[:5], _json(payload_field, values[5]), *values[6:]) for values in fetched]
+
+
+def _json(field_, value):
+    decoded = field_.from_db_value(value, None, connection)
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def _attach(groups, rows):
+    """Give each claimed row to its group; groups whose rows were all taken by others drop out."""
+    by_key = {(g.kind, g.key): g for g in groups}
+    for row in sorted(rows, key=lambda r: r.pk):
+        if row.kind == LEASE_KIND:
+            key = ("lease", row.pk)
+        elif row.step_id is not None:
+            key = ("step", row.step_id)
+        else:
+            key = ("row", row.pk)
+        if key not in by_key:  # a row its step gained since the plan was read
+            by_key[key] = Group(key[0], key[1], row.run_id)
+            groups.append(by_key[key])
+        by_key[key].rows.append(row)
+    return [g for g in groups if g.rows]

@@ -1,0 +1,1 @@
+from tests.reliability.harness import workers  # noqa: F401  (the fixture)

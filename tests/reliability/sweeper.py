@@ -1,0 +1,35 @@
+"""A sweeper process: ``python -m tests.reliability.sweeper [--passes N] [--forever]``.
+
+Sweeps until a pass attempts nothing (or N passes; ``--forever`` keeps passing until it
+is killed, pausing a little between idle passes). The recording module and its halting
+hooks come from ``tests.reliability.worker_settings`` and the ``RELIABILITY_*`` variables.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--passes", type=int, default=1000)
+    parser.add_argument("--forever", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.reliability.worker_settings")
+    import django
+
+    django.setup()
+    from cleanup.sweep import sweep
+
+    by = f"pid {os.getpid()}"
+    for _ in range(args.passes):
+        if sweep(by=by).summary.attempted == 0:
+            if not args.forever:
+                break
+            time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""A pass that stops at a bound with work left queues the next pass itself, however few
+runs wait: the schedule is only the backstop."""
+
+import pytest
+from django.test import override_settings
+
+from cleanup import registry
+from cleanup.queue import queue_cleanup, queue_sweep
+from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
+
+pytestmark = pytest.mark.django_db
+
+
+def a_run_of(groups):
+    run = make_run()
+    for i in range(groups):
+        make_rows(make_step(run), [f"orc-{i}"])
+    return run
+
+
+@override_settings(EVENT_CLEANUP_GROUPS_PER_RUN=2, EVENT_CLEANUP_RUN_BATCH=10)
+def test_a_sweep_stopped_at_the_groups_per_run_queues_the_next(django_capture_on_commit_callbacks):
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    run = a_run_of(5)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        queue_sweep()
+
+    assert set(states(run).values()) == {"reverted"}
+
+
+@override_settings(EVENT_CLEANUP_GROUPS_PER_RUN=2)
+def test_a_runs_cleanup_stopped_at_the_groups_per_run_queues_the_next(django_capture_on_commit_callbacks):
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    run = a_run_of(5)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        queue_cleanup(run.pk)
+
+    assert set(states(run).values()) == {"reverted"}
+
+
+@override_settings(EVENT_CLEANUP_GROUPS_PER_RUN=2, EVENT_REVERT_BACKOFF_S=30)
+def test_a_pass_whose_groups_wait_out_a_backoff_queues_nothing(django_capture_on_commit_callbacks):
+    revert = Scripted({"ok": False, "error": "down"})
+    registry.register_action(FakeAction(revert=revert))
+    run = a_run_of(2)
+
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        queue_cleanup(run.pk)
+
+    assert len(revert.calls) == 2
+    assert len(callbacks) == 1, "a pass with nothing left to do now queued another"

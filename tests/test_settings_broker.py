@@ -1,0 +1,43 @@
+"""Scale-out settings: django-q2 on Redis when REDIS_URL is set, on the ORM broker otherwise."""
+
+import json
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+
+BROKER_OF = (
+    "import json, django; django.setup(); from django.conf import settings as s;"
+    "from django_q.brokers import get_broker; b = get_broker();"
+    "print(json.dumps({'broker': type(b).__name__, 'orm': s.Q_CLUSTER.get('orm'), 'redis': s.Q_CLUSTER.get('redis'),"
+    " 'name': s.Q_CLUSTER['name']}))"
+)
+
+
+def broker_for(env, var_dir):
+    full = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "Q_NAME", "DATABASE_URL")}
+    full.update(DEBUG="1", DJANGO_SETTINGS_MODULE="eventsite.settings", EVENTSITE_VAR_DIR=str(var_dir), **env)
+    result = subprocess.run([sys.executable, "-c", BROKER_OF], cwd=settings.BASE_DIR, env=full,
+                            capture_output=True, text=True, timeout=60)
+    return result
+
+
+def test_it_queues_on_the_orm_broker_without_redis_url(tmp_path):
+    result = broker_for({}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"broker": "ORM", "orm": "default", "redis": None, "name": "eventsite"}
+
+
+def test_it_queues_on_redis_when_redis_url_is_set(tmp_path):
+    result = broker_for({"REDIS_URL": "redis://127.0.0.1:6379/5", "Q_NAME": "eventsite-eu"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "broker": "Redis", "orm": None, "redis": "redis://127.0.0.1:6379/5", "name": "eventsite-eu",
+    }
+
+
+def test_it_refuses_a_redis_url_it_cannot_read(tmp_path):
+    result = broker_for({"REDIS_URL": "127.0.0.1:6379"}, tmp_path)
+    assert result.returncode != 0
+    assert "REDIS_URL='127.0.0.1:6379' is not a redis://, rediss:// or unix:// URL" in result.stderr
