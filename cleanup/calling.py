@@ -25,7 +25,7 @@ from django.db import connections
 from django.db.models import Q
 from django.utils import timezone
 
-from . import calls, registry
+from . import calls, outages, registry
 from .calls import Outcome, Verdict
 from .conf import claim_timeout_s, setting
 from .leases import HANDED_DOWN, give_back_lease
@@ -43,6 +43,9 @@ class Called:
     what: str | None = None
     handed_down: bool = False  # a lease that handed its baseline down; its row is resolved
     running: object = None  # the call, when it outlived its budget and still runs
+    blamed: str | None = None  # the answer blamed the module's backend (`cleanup.outages`)
+    module: str | None = None  # the module called
+    waited: object = None  # set when written: its module is down, the rows wait till then
 
 
 @dataclass(eq=False)
@@ -69,7 +72,9 @@ def call_lease(group, token, deadline=None):
     outcome = give_back_lease(group.run_id, group.rows[0], token)
     if outcome.verdict is HANDED_DOWN:
         return Called(group, None, outcome.what, handed_down=True)
-    return Called(group, outcome.verdict, outcome.what, running=outcome.running)
+    lease, _target = registry.lease_for_ref(group.rows[0].ref)
+    return Called(group, outcome.verdict, outcome.what, running=outcome.running, blamed=outcome.blamed,
+                  module=getattr(lease, "module", None))
 
 
 def call_groups(groups, deadline=None):
@@ -192,7 +197,9 @@ class _Flight:
 def _verdict_of(job, future):
     answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
     verdict = calls.classify_revert(answer, job.what, refs=job.refs)
-    return Called(job.group, verdict, job.what, running=answer.still_running)
+    blamed = outages.blame(answer)
+    outages.record(job.module, blamed)
+    return Called(job.group, verdict, job.what, running=answer.still_running, blamed=blamed, module=job.module)
 
 
 # -- the keeper of calls that outlived their budget --------------------------------------

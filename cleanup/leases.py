@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from . import calls, registry
+from . import calls, outages, registry
 from .calls import Outcome, Verdict
 from .models import LEASE_KIND, UNRESOLVED, Attempt, Resource, ResourceState, RunLog
 
@@ -25,6 +25,7 @@ class LeaseOutcome:
     verdict: object  # a Verdict to write, or HANDED_DOWN
     what: str
     running: object = None  # a restore that outlived its budget and still runs
+    blamed: str | None = None  # the last restore's answer blamed the backend (`cleanup.outages`)
 
 
 def give_back_lease(run_id, row, token):
@@ -68,10 +69,11 @@ def _held_payload(row, token):
 
 def _restore(run_id, row, token, lease, target):
     payload = row.payload
-    running = []
+    running, blamed = [], []
 
     def restore(expected):
-        answer = calls.call(
+        answer = outages.call(
+            lease,
             lease.restore,
             budget_ms=calls.budget_under_claim(lease),
             what=row.ref,
@@ -82,6 +84,7 @@ def _restore(run_id, row, token, lease, target):
         )
         if answer.still_running is not None:
             running.append(answer.still_running)
+        blamed.append(outages.blame(answer))
         return calls.classify_revert(answer, row.ref)
 
     verdict = restore(payload["applied"])
@@ -102,7 +105,7 @@ def _restore(run_id, row, token, lease, target):
     if verdict.outcome == Outcome.DONE:
         # Before any newer lease of this batch is worked, which must read the baseline.
         _pass_baseline_if_held(row, token)
-    return LeaseOutcome(verdict, row.ref, running=running[-1] if running else None)
+    return LeaseOutcome(verdict, row.ref, running=running[-1] if running else None, blamed=blamed[-1])
 
 
 def _pass_baseline_if_held(row, token):

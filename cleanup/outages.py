@@ -30,7 +30,17 @@ from django.utils import timezone
 
 from . import calls, registry
 from .conf import setting
-from .models import CLAIMABLE, Attempt, ModuleEvent, ModuleHealth, ModuleState, Resource
+from .models import (
+    CLAIMABLE,
+    TERMINAL,
+    Attempt,
+    ModuleEvent,
+    ModuleHealth,
+    ModuleState,
+    Resource,
+    ResourceState,
+    RunLog,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +108,7 @@ def _mark_down_after_streak(module, now):
             return False
         health = ModuleHealth.objects.get(module=module)
         forgiven = forgive_streak(health)
+        defer_waiting(module, health.next_probe_at)
         _log(module, "module.down", now, by="engine", error=health.last_error,
              failures=health.failures_in_row, forgiven=forgiven)
     logger.warning("module %s marked down: %s", module, health.last_error)
@@ -107,8 +118,8 @@ def _mark_down_after_streak(module, now):
 def forgive_streak(health):
     """Give back the attempts that the answers leading to an outage spent.
 
-    Those answers blamed the backend: the rows were not at fault. Only rows no sweeper
-    holds now are changed, each by the number of its attempts the streak spent.
+    Those answers blamed the backend: the rows were not at fault. Each row gets back the
+    number of its attempts the streak spent.
     """
     if health.streak_started_at is None:
         return 0
@@ -120,14 +131,17 @@ def forgive_streak(health):
         .annotate(n=Count("id"))
         .values("n")
     )
+    # A row held by a sweeper right now counts too: its verdict gives back only the
+    # attempt of its own claim, never these.
+    open_states = (*CLAIMABLE, ResourceState.REVERTING)
     rows = Resource.objects.filter(
-        module=health.module, state__in=CLAIMABLE, retryable=True, revert_attempts__gt=0,
+        module=health.module, state__in=open_states, retryable=True, revert_attempts__gt=0,
         attempts__outcome=UNAVAILABLE, attempts__at__gte=health.streak_started_at,
     ).distinct()
     ids = list(rows.values_list("id", flat=True))
     if not ids:
         return 0
-    return Resource.objects.filter(pk__in=ids, state__in=CLAIMABLE).update(
+    return Resource.objects.filter(pk__in=ids, state__in=open_states).update(
         revert_attempts=F("revert_attempts") - Subquery(spent), next_attempt_at=None
     )
 
@@ -143,6 +157,7 @@ def mark_down(module, *, by, reason="", now=None):
             next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), updated_at=now,
         )
         if marked:
+            defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
             _log(module, "module.down", now, by=by, error=reason or f"marked down by {by}")
     return bool(marked)
 
@@ -234,6 +249,7 @@ def probe(module, now=None):
         return "up"
     reason = blame(answer) or answer.exception or _refusal(answer.raw, module)
     ModuleHealth.objects.filter(module=module).update(last_error=reason[:2000])
+    defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
     return "down"
 
 
@@ -355,3 +371,46 @@ def row_waits(row, max_attempts):
         row.state in CLAIMABLE and row.retryable and row.revert_attempts < max_attempts
         and row.run.is_terminal and row.run.auto_cleanup
     )
+
+
+def defer_waiting(module, until, run_ids=None):
+    """Keep ``module``'s claimable rows out of the sweep until ``until`` (its next probe).
+
+    That is how its work waits: the finder and the claim pass over rows whose next
+    attempt is later, so a down module's runs take no place in a pass. The probe that
+    finds the module up brings them back (`spread_waiting`).
+    """
+    rows = Resource.objects.filter(module=module, state__in=CLAIMABLE, retryable=True)
+    if run_ids is not None:
+        rows = rows.filter(run_id__in=run_ids)
+    return rows.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=until)).update(next_attempt_at=until)
+
+
+def waiting_until(module, now=None):
+    """When ``module``'s waiting work is looked at again, if its work waits on it; else None."""
+    health = outage_of(module, now)
+    if health is None:
+        return None
+    return health.next_probe_at or (now or timezone.now()) + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
+
+
+def give_up_waiting(health, now=None):
+    """An outage past its bound: the module's waiting rows fail for good, with the reason.
+
+    Answers the ids of the runs concerned, whose statuses the caller refreshes.
+    """
+    now = now or timezone.now()
+    rows = Resource.objects.filter(
+        module=health.module, state__in=CLAIMABLE, retryable=True, run__status__in=TERMINAL, run__auto_cleanup=True
+    )
+    run_ids = sorted(set(rows.values_list("run_id", flat=True).distinct()))
+    reason = give_up_text(health)
+    with transaction.atomic():
+        Resource.objects.filter(pk__in=rows.values("pk")).update(
+            state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
+        )
+        RunLog.objects.bulk_create(
+            RunLog(run_id=run_id, kind="cleanup.failed", at=now, detail={"what": health.module, "error": reason})
+            for run_id in run_ids
+        )
+    return run_ids

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from . import calling, verdicts, work
+from . import calling, outages, verdicts, work
 from .calling import past
 from .conf import setting
 from .manual import reset_for_person
@@ -54,13 +54,13 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     return summary
 
 
-def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None):
+def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset()):
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, more)``.
 
     ``more`` is true when the batch stopped at a bound (groups per run, or the time
     budget) with work left behind.
     """
-    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit)
+    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries)
     if not batch.groups:
         return {}, batch.more
     summaries, called = {}, []
@@ -128,13 +128,14 @@ def sweep(by="sweep", deadline=None):
     result = SweepResult(summary=Summary())
     result.released = verdicts.release_spent_claims(now, by)
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
+    canaries = _outages(now)
     verdicts.repair_statuses(batch)
     # Twice the batch as candidates: runs other sweepers are claiming are passed over.
     run_ids = runs_needing_cleanup(now, 2 * batch)
     result.full = len(run_ids) > batch
     if run_ids and not past(deadline):
         try:
-            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch)
+            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries)
         except Exception:
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)
@@ -146,3 +147,11 @@ def sweep(by="sweep", deadline=None):
     if past(deadline):
         result.full = True  # a run may have been left with groups to work
     return result
+
+
+def _outages(now):
+    """Before a pass: probe the down modules whose probe is due, and end the outages past
+    their bound (`cleanup.outages`). Answers the modules that may have one canary call."""
+    for health in outages.outages_past_give_up(now):
+        verdicts.refresh_statuses(outages.give_up_waiting(health, now))
+    return outages.probe_due_modules(now)

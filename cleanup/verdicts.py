@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
+from . import outages
 from .calls import Outcome
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .models import (
@@ -90,6 +91,7 @@ def _write_rows(token, called, summaries, now, by=""):
     each; answers their log entries."""
     held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
     changes, entries, attempts = _Changes(now), [], []
+    _note_waiting(called, now)
     for result in called:
         summary = summaries.setdefault(result.group.run_id, Summary())
         entry = _one(result, held, changes, summary, now)
@@ -101,6 +103,20 @@ def _write_rows(token, called, summaries, now, by=""):
     return entries
 
 
+def _note_waiting(called, now):
+    """Which answers that blamed a backend came from a module that is down now.
+
+    Read when the verdicts are written, after every answer of the batch was counted, so
+    the answers that together showed the outage all wait and none spends an attempt.
+    """
+    until = {}
+    for result in called:
+        if result.blamed is not None and result.module:
+            if result.module not in until:
+                until[result.module] = outages.waiting_until(result.module, now)
+            result.waited = until[result.module]
+
+
 def _attempts(result, held, now, by):
     """Each written row's attempt, for its own history (one insert for the batch)."""
     verdict = result.verdict
@@ -108,6 +124,10 @@ def _attempts(result, held, now, by):
         if row.pk not in held:
             continue
         outcome, error = str(verdict.outcome), verdict.error
+        if result.waited is not None:
+            outcome = "waited"  # its module is down: this attempt is not counted
+        elif result.blamed is not None and verdict.outcome != Outcome.DONE:
+            outcome = "unavailable"  # counted; forgiven if the module is found down after it
         if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
             outcome, error = "failed", f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
         yield Attempt(resource_id=row.pk, run_id=row.run_id, number=row.revert_attempts, at=now,
@@ -150,6 +170,13 @@ def _values(result, row, summary, now):
                     **release}
         summary.reverted += 1
         return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **release}
+    if result.waited is not None and verdict.outcome == Outcome.RETRY:
+        # Its module's backend is down: the failure is the outage's, not the row's. The
+        # attempt is given back and the row waits for the module (`cleanup.outages`).
+        if result.running is not None:  # still held while the call runs, as below
+            release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
+        return {"state": ResourceState.FAILED, "revert_attempts": "__given_back__", "last_error": verdict.error,
+                "next_attempt_at": result.waited, **release}
     if verdict.outcome == Outcome.DRIFTED:
         summary.drifted += 1
         return {"state": ResourceState.DRIFTED, "last_error": verdict.error, **release}

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Case, Exists, F, IntegerField, Max, Min, OuterRef, Q, Value, When
 from django.utils import timezone
 
+from . import outages
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .models import LEASE_KIND, OWING, TERMINAL, Resource, ResourceState, Run
 
@@ -140,11 +141,12 @@ def take_runs(run_ids, now, skip_locked, limit=None):
     return list(runs[:limit] if limit else runs)
 
 
-def plan(run_ids, now, per_run):
+def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
 
     One query that reads a row per group, not per ledger row. Answers the groups and
-    whether some run had more.
+    whether some run had more. Groups of a module in ``down`` wait for it, but for one
+    group of each module in ``canaries``: the call that tells whether it is back.
     """
     alone = Case(
         When(Q(kind=LEASE_KIND) | Q(step__isnull=True), then=F("id")), default=Value(0), output_field=IntegerField()
@@ -153,12 +155,16 @@ def plan(run_ids, now, per_run):
         Resource.objects.filter(run_id__in=run_ids)
         .claimable(now, max_revert_attempts())
         .annotate(alone=alone)
-        .values("run_id", "step_id", "alone", "step__action_id", "step__idempotency_key")
+        .values("run_id", "step_id", "alone", "step__action_id", "step__idempotency_key", "module")
         .annotate(first=Min("id"), lease=Max(Case(When(kind=LEASE_KIND, then=1), default=0)))
         .order_by("run_id", "first")
     )
-    by_run = {}
+    by_run, canaries = {}, set(canaries)
     for head in heads:
+        if head["module"] in down:
+            if head["module"] not in canaries:
+                continue
+            canaries.discard(head["module"])
         by_run.setdefault(head["run_id"], []).append(_group(head))
     order = {"lease": 0, "step": 1, "row": 2}
     groups, more = [], False
@@ -177,7 +183,7 @@ def _group(head):
     return Group("step", head["step_id"], head["run_id"], head["step__action_id"], head["step__idempotency_key"])
 
 
-def claim(run_ids, token, *, skip_locked=True, limit=None):
+def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset()):
     """Claim the first groups of up to ``limit`` runs among ``run_ids`` that no one else
     is claiming.
 
@@ -186,10 +192,15 @@ def claim(run_ids, token, *, skip_locked=True, limit=None):
     """
     now = timezone.now()
     per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")
+    down = outages.down_modules()
     with transaction.atomic():
         taken = take_runs(run_ids, now, skip_locked, limit)
-        groups, more = plan(taken, now, per_run) if taken else ([], False)
+        groups, more = plan(taken, now, per_run, down, canaries) if taken else ([], False)
         rows = _claim_rows(taken, groups, token, now) if groups else []
+    for module in down - set(canaries):
+        # Rows of these runs that began waiting since the module went down leave the
+        # finder until its next probe.
+        outages.defer_waiting(module, outages.waiting_until(module, now) or now, run_ids=taken)
     return Batch(token, _attach(groups, rows), more)
 
 
