@@ -198,7 +198,7 @@ def _verdict_of(job, future):
     answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
     verdict = calls.classify_revert(answer, job.what, refs=job.refs)
     blamed = outages.blame(answer)
-    outages.record(job.module, blamed)
+    outages.record(job.module, blamed, key=f"{job.group.kind}:{job.group.key}", ambiguous=answer.timed_out)
     return Called(job.group, verdict, job.what, running=answer.still_running, blamed=blamed, module=job.module)
 
 

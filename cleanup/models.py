@@ -417,6 +417,8 @@ class ModuleHealth(models.Model):
     # When the current run of such answers began: answers since then are forgiven if
     # they end in the module being marked down.
     streak_started_at = models.DateTimeField(null=True, blank=True)
+    # What the last counted answer was about (`cleanup.outages.record`).
+    last_blamed_key = models.CharField(max_length=500, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     down_since = models.DateTimeField(null=True, blank=True)
     next_probe_at = models.DateTimeField(null=True, blank=True)

@@ -74,11 +74,16 @@ def _health(module):
         return ModuleHealth.objects.get(module=module)
 
 
-def record(module, reason, *, now=None):
+def record(module, reason, *, key="", ambiguous=False, now=None):
     """Count one answer from ``module``; ``reason`` is what `blame` said of it.
 
     Answers True when this answer marked the module down. An answer that does not blame
     the backend ends a run of failures, and marks a down module up: it answered.
+
+    ``ambiguous`` (no answer within the budget) may be the call's own fault, a poison
+    pill that hangs whatever the backend: such an answer for ``key`` (the group called)
+    counts only when the last one counted was for another key, so one group that hangs
+    again and again never marks its module down; it spends its attempts like any row.
     """
     now = now or timezone.now()
     if reason is None:
@@ -89,10 +94,14 @@ def record(module, reason, *, now=None):
             mark_up(module, by="engine", now=now)
         return False
     _health(module)
+    counted = ModuleHealth.objects.filter(module=module)
+    if ambiguous and key:
+        counted = counted.exclude(last_blamed_key=key)
     ModuleHealth.objects.filter(module=module, failures_in_row=0).update(streak_started_at=now)
-    ModuleHealth.objects.filter(module=module).update(
-        failures_in_row=F("failures_in_row") + 1, last_error=reason[:2000], updated_at=now
-    )
+    if not counted.update(
+        failures_in_row=F("failures_in_row") + 1, last_error=reason[:2000], last_blamed_key=key[:500], updated_at=now
+    ):
+        return False
     return _mark_down_after_streak(module, now)
 
 
@@ -336,7 +345,7 @@ def hold(module, now=None):
 def call(entry, fn, *, budget_ms, what, **kwargs):
     """`calls.call`, with the answer counted towards ``entry``'s module's health."""
     answer = calls.call(fn, budget_ms=budget_ms, what=what, **kwargs)
-    record(entry.module, blame(answer))
+    record(entry.module, blame(answer), key=what, ambiguous=answer.timed_out)
     return answer
 
 

