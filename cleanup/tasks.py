@@ -31,7 +31,7 @@ def tick_task():
     from .runner import tick
 
     line = tick(by="tick task").line()
-    _notice()
+    notice_staff()
     return line
 
 
@@ -46,7 +46,7 @@ def sweep_task():
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")))
     if result.full:
         queue_sweep()
-    _notice()
+    notice_staff()
     return result.line()
 
 
@@ -60,7 +60,7 @@ def cleanup_run_task(run_id, actor=None):
     summary = cleanup_run(run, by=actor or "queue")
     if summary.more:
         queue_cleanup(run_id, actor=actor)
-    _notice()
+    notice_staff()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
 
@@ -69,11 +69,11 @@ def cleanup_runs_task(run_ids, actor=None):
     from .manual import clean_in_turn
 
     done = clean_in_turn(run_ids, actor)
-    _notice()
+    notice_staff()
     return f"cleaned {done} run(s) in turn"
 
 
-def _notice():
+def notice_staff():
     """Tell staff what changed (cleanup.alerts); never lets a mail or webhook fail the task."""
     from .alerts import notice
 

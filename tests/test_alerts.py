@@ -248,3 +248,18 @@ def test_staff_can_read_the_outbox_in_the_admin(client, giving_up, settings):
     client.force_login(User.objects.create_superuser("root", password="pw-123456789"))
     page = client.get(reverse("admin:cleanup_alert_changelist")).content.decode()
     assert "cleanup.gave_up" in page and "not yet" in page and "ConnectError" in page
+
+
+@pytest.mark.parametrize("command", ["sweep", "tick"])
+def test_the_sweep_and_tick_commands_tell_staff_too(giving_up, command):
+    """A site that runs the commands from cron, with no cluster, is told all the same."""
+    import io
+
+    from django.core.management import call_command
+
+    run, _ = giving_up
+    call_command(command, stdout=io.StringIO())
+
+    run.refresh_from_db()
+    assert run.cleanup_status == "incomplete"
+    assert len(mail.outbox) == 1 and f"run #{run.pk}" in mail.outbox[0].subject

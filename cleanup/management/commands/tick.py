@@ -1,6 +1,7 @@
 
 from cleanup.management.base import EventCommand
 from cleanup.runner import tick
+from cleanup.tasks import notice_staff
 
 
 class Command(EventCommand):
@@ -8,3 +9,4 @@ class Command(EventCommand):
 
     def handle(self, *args, **options):
         self.stdout.write(tick(by="command").line())
+        notice_staff()  # alerts, as the queue's tick sends them
