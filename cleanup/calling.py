@@ -77,7 +77,7 @@ def call_lease(group, token, deadline=None):
                   module=getattr(lease, "module", None))
 
 
-def call_groups(groups, deadline=None):
+def call_groups(groups, deadline=None, health=None):
     """Make the revert calls of step groups and loose rows; answers one `Called` per group."""
     results, jobs = [], []
     for group in groups:
@@ -86,7 +86,7 @@ def call_groups(groups, deadline=None):
             results.append(prepared)
         else:
             jobs.append(prepared)
-    results.extend(_run_concurrently(jobs, deadline))
+    results.extend(_run_concurrently(jobs, deadline, health or outages.Health()))
     return results
 
 
@@ -137,9 +137,9 @@ def module_limit(entry):
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
 
 
-def _run_concurrently(jobs, deadline):
+def _run_concurrently(jobs, deadline, health):
     """Start the jobs as limits allow, each under its budget; answers their `Called`s."""
-    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline)
+    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline, health)
     pending = list(jobs)
     while pending or flight.calls:
         flight.land()
@@ -156,8 +156,8 @@ def _run_concurrently(jobs, deadline):
 class _Flight:
     """The calls of a pass in flight: who may start, and which have ended or timed out."""
 
-    def __init__(self, limit, deadline):
-        self.limit, self.deadline = limit, deadline
+    def __init__(self, limit, deadline, health):
+        self.limit, self.deadline, self.health = limit, deadline, health
         self.calls = {}  # job -> (future, when its budget ends on the monotonic clock)
         self.per_module = Counter()
         self.results = []
@@ -186,7 +186,7 @@ class _Flight:
             if future.done() or time.monotonic() >= expires:
                 del self.calls[job]
                 self.per_module[job.module] -= 1
-                self.results.append(_verdict_of(job, future))
+                self.results.append(_verdict_of(job, future, self.health))
 
     def wait(self):
         if self.calls:
@@ -194,11 +194,11 @@ class _Flight:
             self.woken.wait(max(0.0, soonest - time.monotonic()))
 
 
-def _verdict_of(job, future):
+def _verdict_of(job, future, health):
     answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
     verdict = calls.classify_revert(answer, job.what, refs=job.refs)
     blamed = outages.blame(answer)
-    outages.record(job.module, blamed, key=f"{job.group.kind}:{job.group.key}", ambiguous=answer.timed_out)
+    health.record(job.module, blamed, key=f"{job.group.kind}:{job.group.key}", ambiguous=answer.timed_out)
     return Called(job.group, verdict, job.what, running=answer.still_running, blamed=blamed, module=job.module)
 
 

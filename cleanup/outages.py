@@ -423,3 +423,48 @@ def give_up_waiting(health, now=None):
             for run_id in run_ids
         )
     return run_ids
+
+
+class Health:
+    """What one pass knows of its modules' health, read once, so a pass whose modules are
+    all well spends one query on it, whatever its number of calls."""
+
+    def __init__(self):
+        rows = ModuleHealth.objects.filter(Q(state=ModuleState.DOWN) | Q(failures_in_row__gt=0))
+        self.rows = {h.module: h for h in rows}
+        self.troubled = set(self.rows)  # down, or answers blaming the backend not yet ended
+        self.down = {m for m, h in self.rows.items() if h.state == ModuleState.DOWN}
+
+    def record(self, module, reason, *, key="", ambiguous=False):
+        """`record`, skipped for a well module's success: there is nothing to end."""
+        if reason is None and module not in self.troubled:
+            return False
+        if reason is None:
+            self.troubled.discard(module)
+            self.down.discard(module)
+        else:
+            self.troubled.add(module)
+        return record(module, reason, key=key, ambiguous=ambiguous)
+
+    def before_pass(self, now):
+        """Probe the down modules whose probe is due and end the outages past their bound.
+
+        Answers ``(canaries, given_up)``: the modules that may have one ordinary call,
+        and the `ModuleHealth` of each outage whose waiting work must now fail.
+        """
+        limit = now - timedelta(seconds=setting("EVENT_OUTAGE_GIVE_UP_S"))
+        given_up = []
+        if any(h.down_since and h.down_since < limit and h.gave_up_at is None for h in self.rows.values()):
+            given_up = outages_past_give_up(now)
+        canaries = set()
+        for module in sorted(self.down):
+            health = self.rows[module]
+            if health.next_probe_at is None or health.next_probe_at > now:
+                continue
+            verdict = probe(module, now)
+            if verdict == "up":
+                self.down.discard(module)
+                self.troubled.discard(module)
+            elif verdict == "canary":
+                canaries.add(module)
+        return canaries, given_up

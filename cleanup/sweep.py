@@ -54,13 +54,15 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     return summary
 
 
-def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset()):
+def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None):
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, more)``.
 
     ``more`` is true when the batch stopped at a bound (groups per run, or the time
     budget) with work left behind.
     """
-    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries)
+    health = health or outages.Health()
+    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries,
+                       down=health.down)
     if not batch.groups:
         return {}, batch.more
     summaries, called = {}, []
@@ -69,7 +71,7 @@ def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canar
         # is worked.
         called.append(calling.call_lease(group, batch.token, deadline))
         _write(verdicts.write_now, batch.token, called[-1:], summaries, by)
-    rest = calling.call_groups(batch.others(), deadline)
+    rest = calling.call_groups(batch.others(), deadline, health)
     _write(verdicts.write, batch, rest, by, summaries)
     called += rest
     calling.hold_overdue(batch.token, called)
@@ -128,14 +130,16 @@ def sweep(by="sweep", deadline=None):
     result = SweepResult(summary=Summary())
     result.released = verdicts.release_spent_claims(now, by)
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
-    canaries = _outages(now)
+    health = outages.Health()
+    canaries = _outages(health, now)
     verdicts.repair_statuses(batch)
     # Twice the batch as candidates: runs other sweepers are claiming are passed over.
     run_ids = runs_needing_cleanup(now, 2 * batch)
     result.full = len(run_ids) > batch
     if run_ids and not past(deadline):
         try:
-            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries)
+            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries,
+                                        health=health)
         except Exception:
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)
@@ -149,9 +153,10 @@ def sweep(by="sweep", deadline=None):
     return result
 
 
-def _outages(now):
+def _outages(health, now):
     """Before a pass: probe the down modules whose probe is due, and end the outages past
     their bound (`cleanup.outages`). Answers the modules that may have one canary call."""
-    for health in outages.outages_past_give_up(now):
-        verdicts.refresh_statuses(outages.give_up_waiting(health, now))
-    return outages.probe_due_modules(now)
+    canaries, given_up = health.before_pass(now)
+    for outage in given_up:
+        verdicts.refresh_statuses(outages.give_up_waiting(outage, now))
+    return canaries

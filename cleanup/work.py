@@ -197,7 +197,7 @@ def _group(head):
     return Group("step", head["step_id"], head["run_id"], head["step__action_id"], head["step__idempotency_key"])
 
 
-def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset()):
+def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(), down=None):
     """Claim the first groups of up to ``limit`` runs among ``run_ids`` that no one else
     is claiming.
 
@@ -206,7 +206,7 @@ def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset())
     """
     now = timezone.now()
     per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")
-    down = outages.down_modules()
+    down = set(outages.down_modules() if down is None else down)
     with transaction.atomic():
         taken = take_runs(run_ids, now, skip_locked, limit)
         groups, more = plan(taken, now, per_run, down, canaries) if taken else ([], False)
