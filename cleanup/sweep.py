@@ -11,6 +11,7 @@ only row is a lease is cleaned like any other.
 """
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -26,6 +27,11 @@ from .verdicts import Summary
 from .work import runs_needing_cleanup
 
 logger = logging.getLogger(__name__)
+
+
+# How often a pass looks for work again when other sweepers were claiming all it found.
+LOOKS = 3
+LOOK_AGAIN_S = 0.05
 
 
 class CleanupRefused(Exception):
@@ -133,10 +139,13 @@ def sweep(by="sweep", deadline=None):
     health = outages.Health()
     canaries = _outages(health, now)
     verdicts.repair_statuses(batch)
-    # Twice the batch as candidates: runs other sweepers are claiming are passed over.
-    run_ids = runs_needing_cleanup(now, 2 * batch)
-    result.full = len(run_ids) > batch
-    if run_ids and not past(deadline):
+    summaries, more = {}, False
+    for _look in range(LOOKS):
+        # Twice the batch as candidates: runs other sweepers are claiming are passed over.
+        run_ids = runs_needing_cleanup(timezone.now(), 2 * batch)
+        result.full = len(run_ids) > batch
+        if not run_ids or past(deadline):
+            break
         try:
             summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries,
                                         health=health)
@@ -144,6 +153,12 @@ def sweep(by="sweep", deadline=None):
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)
             summaries, more = {}, True
+        if summaries or more:
+            break
+        # Every candidate was being claimed by other sweepers at that moment: once their
+        # claims commit, the finder names other runs.
+        time.sleep(LOOK_AGAIN_S)
+    if summaries or more:
         for summary in summaries.values():
             result.summary.add(summary)
         result.runs = len(summaries)
