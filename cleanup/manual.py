@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import validation
 from .models import UNRESOLVED, AlertedStatus, CleanupStatus, Resource, ResourceState, Run, RunLog
 
 # Passes asked for together start this far apart, so that a shard coming back from an
@@ -121,6 +122,9 @@ def waive(rows, reason, actor):
 
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("a waiver needs a reason")
+    problems = {name: validation.text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))}
+    if any(problems.values()):
+        raise validation.Invalid({name: problem for name, problem in problems.items() if problem})
     now = timezone.now()
     waivable = Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)) | Q(
         state=ResourceState.REVERTING, claim_expires_at__lt=now

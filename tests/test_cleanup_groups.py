@@ -86,7 +86,9 @@ def test_the_queries_per_group_do_not_grow_with_its_rows():
         assert set(states(run).values()) == {"reverted"}
         return len(captured)
 
-    assert queries_for(2) == queries_for(200)
+    # 100 rows keep the batch's attempt insert in one statement on SQLite too, whose
+    # 999-parameter limit makes Django split a larger bulk insert.
+    assert queries_for(2) == queries_for(100)
 
 
 def test_rows_the_module_names_as_failed_are_retried_and_the_rest_are_not():
