@@ -24,6 +24,7 @@ from .admin_lists import (
     LogKindFilter,
     ModuleFilter,
     NeedsFilter,
+    PersonActionsAdmin,
     ReadOnlyAdmin,
     attempt_text,
     filtered,
@@ -68,7 +69,7 @@ def _actor(request):
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyAdmin):
+class RunAdmin(PersonActionsAdmin):
     list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "cleanup_status"]
@@ -166,14 +167,6 @@ class RunAdmin(ReadOnlyAdmin):
             return False
         return request.user.has_perm("cleanup.delete_run")
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # deleting a run deletes its ledger
-        return actions
-
-    def has_cleanup_run_permission(self, request):
-        return request.user.has_perm("cleanup.cleanup_run")
-
     def has_cancel_permission(self, request):
         return request.user.has_perm("cleanup.change_run")
 
@@ -267,7 +260,7 @@ class WaiveForm(forms.Form):
 
 
 @admin.register(Resource)
-class ResourceAdmin(ReadOnlyAdmin):
+class ResourceAdmin(PersonActionsAdmin):
     list_display = ["ref_short", "state", "attempt", "error", "run_name"]
     list_display_links = ["ref_short"]
     list_filter = [NeedsFilter, "state", ModuleFilter, KindFilter, "run__cleanup_status"]
@@ -356,14 +349,6 @@ class ResourceAdmin(ReadOnlyAdmin):
     @admin.display(description="every attempt")
     def attempt_history(self, obj):
         return history_table(obj)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-    def has_cleanup_run_permission(self, request):
-        return request.user.has_perm("cleanup.cleanup_run")
 
     @admin.action(permissions=["cleanup_run"], description="Waive: resolve by hand, nothing is given back")
     def waive_rows(self, request, queryset):

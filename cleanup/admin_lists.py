@@ -175,6 +175,22 @@ class ReadOnlyAdmin(BoundedListMixin, admin.ModelAdmin):
         return False
 
 
+class PersonActionsAdmin(ReadOnlyAdmin):
+    """A read-only page whose actions are a person's, gated by ``cleanup.cleanup_run``.
+
+    Bulk deletion is never offered: deleting a run deletes its ledger, and a ledger row
+    or a module's health is not a thing to delete.
+    """
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def has_cleanup_run_permission(self, request):
+        return request.user.has_perm("cleanup.cleanup_run")
+
+
 def run_link(run_id, name=None):
     label = f"#{run_id} {truncatechars(name, 20)}" if name else f"#{run_id}"
     return format_html('<a href="{}">{}</a>', reverse("admin:cleanup_run_change", args=[run_id]), label)

@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from . import outages, registry, validation
-from .admin_lists import ReadOnlyAdmin, when
+from .admin_lists import PersonActionsAdmin, ReadOnlyAdmin, when
 from .models import ModuleEvent, ModuleHealth, ModuleState
 
 ERROR_CHARS = 90
@@ -38,7 +38,7 @@ class MarkDownForm(forms.Form):
 
 
 @admin.register(ModuleHealth)
-class ModuleHealthAdmin(ReadOnlyAdmin):
+class ModuleHealthAdmin(PersonActionsAdmin):
     list_display = ["module", "state_shown", "since", "error", "next_probe", "failures_in_row", "changed_by"]
     list_filter = ["state"]
     search_fields = ["module"]
@@ -84,14 +84,6 @@ class ModuleHealthAdmin(ReadOnlyAdmin):
     @admin.display(description="its work shows")
     def waiting(self, obj):
         return obj.waiting_text() if obj.state == ModuleState.DOWN else "-"
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-    def has_cleanup_run_permission(self, request):
-        return request.user.has_perm("cleanup.cleanup_run")
 
     @admin.action(permissions=["cleanup_run"], description="Mark down… (its work waits, spending no attempts)")
     def mark_down(self, request, queryset):
