@@ -106,6 +106,8 @@ class Run(models.Model):
             ),
             # The admin's "needs attention": runs whose cleanup gave up.
             models.Index(fields=["id"], name="run_incomplete_idx", condition=Q(cleanup_status="incomplete")),
+            # cleanup.verdicts.repair_statuses: runs still waiting for their cleanup.
+            models.Index(fields=["id"], name="run_cleanup_pending_idx", condition=Q(cleanup_status="pending")),
             # cleanup.alerts.notice: transitions staff have not been told about.
             models.Index(
                 fields=["id"],

@@ -236,8 +236,9 @@ class _Changes:
             return
         updates = {column: self._case(column, by_value) for column, by_value in self.columns.items()}
         # The rows still held were locked by this transaction (`_write_rows`): only they
-        # carry the token and match a WHEN.
-        Resource.objects.filter(claim_token=token).update(**updates, updated_at=self.now)
+        # carry the token and match a WHEN. `held_by` reads them through the index of
+        # claimed rows, not the whole ledger.
+        Resource.objects.held_by(token).update(**updates, updated_at=self.now)
 
     def _case(self, column, by_value):
         field = Resource._meta.get_field(column)
