@@ -11,11 +11,11 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
-from . import outages
+from . import outages, sets
 from .calls import Outcome
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .models import (
@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
 LONGEST_BACKOFF = timedelta(days=30)
+# What a pass writes of each log entry and attempt (`cleanup.sets.insert`).
+LOG_FIELDS = ("run", "kind", "detail", "at")
+ATTEMPT_FIELDS = ("resource", "run", "number", "at", "outcome", "error", "by")
 
 
 @dataclass
@@ -74,7 +77,7 @@ def write(batch, called, by, summaries=None):
             summary.remaining = remaining
             if summary.attempted:
                 entries.append(RunLog(run_id=run_id, kind="cleanup.swept", at=now, detail=summary.logged(by)))
-        RunLog.objects.bulk_create(entries)
+        sets.insert(entries, LOG_FIELDS)
     return summaries
 
 
@@ -83,7 +86,7 @@ def write_now(token, called, summaries, by=""):
     which the next lease on its target must see); the batch's `write` adds the statuses."""
     now = timezone.now()
     with transaction.atomic():
-        RunLog.objects.bulk_create(_write_rows(token, called, summaries, now, by))
+        sets.insert(_write_rows(token, called, summaries, now, by), LOG_FIELDS)
 
 
 def _write_rows(token, called, summaries, now, by=""):
@@ -99,7 +102,7 @@ def _write_rows(token, called, summaries, now, by=""):
             entries.append(entry)
             attempts.extend(_attempts(result, held, now, by))
     changes.apply(token)
-    Attempt.objects.bulk_create(attempts)
+    sets.insert(attempts, ATTEMPT_FIELDS)
     return entries
 
 
@@ -216,11 +219,13 @@ class _Changes:
     def __init__(self, now):
         self.now = now
         self.columns = {}  # column -> {value: ([step ids], [row ids])}
+        self.rows = {}  # row id -> {column: value}
 
     def stage(self, group, rows, values_of):
         by_values = {}
         for row in rows:
             values = values_of(row)
+            self.rows[row.pk] = values
             by_values.setdefault(tuple(sorted(values.items())), []).append(row.pk)
         whole = len(by_values) == 1 and len(rows) == len(group.rows)
         for values, ids in by_values.items():
@@ -234,11 +239,33 @@ class _Changes:
     def apply(self, token):
         if not self.columns:
             return
+        if connection.vendor == "postgresql":
+            self._apply_arrays(token)
+            return
         updates = {column: self._case(column, by_value) for column, by_value in self.columns.items()}
         # The rows still held were locked by this transaction (`_write_rows`): only they
         # carry the token and match a WHEN. `held_by` reads them through the index of
         # claimed rows, not the whole ledger.
         Resource.objects.held_by(token).update(**updates, updated_at=self.now)
+
+    def _apply_arrays(self, token):
+        """The same write as one UPDATE over arrays of per-row values (`cleanup.sets`)."""
+        special = {"__previous__", "__given_back__"}
+        changes = {
+            pk: {column: sets.SPECIAL if value in special else value for column, value in values.items()}
+            for pk, values in self.rows.items()
+        }
+        sets.update_by_id(
+            Resource, changes,
+            where="r.claim_token = %s AND r.state = %s", where_params=[token, ResourceState.REVERTING.value],
+            expressions={
+                # A row never tried stays live; one that failed before stays failed.
+                "state": f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' "
+                         f"ELSE '{ResourceState.FAILED.value}' END",
+                "revert_attempts": "r.revert_attempts - 1",
+            },
+            fixed={"updated_at": self.now},
+        )
 
     def _case(self, column, by_value):
         field = Resource._meta.get_field(column)

@@ -8,17 +8,16 @@ UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and 
 the rows as the module calls need them, so nothing is read twice.
 """
 
-import functools
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, IntegerField, Max, Min, OuterRef, Q, Value, When
+from django.db.models import Q
 from django.utils import timezone
 
-from . import outages
+from . import claim_sql, outages
 from .conf import claim_timeout_s, max_revert_attempts, setting
-from .models import LEASE_KIND, OWING, TERMINAL, Resource, ResourceState, Run
+from .models import LEASE_KIND, Resource, ResourceState
 
 
 @dataclass
@@ -83,44 +82,10 @@ def runs_needing_cleanup(now, limit):
     of ``finder_owing_run_idx`` visits each run that still owes something once, so the
     cost follows the runs with work, not the ledger's history.
     """
-    sql, params = _finder_sql(connection.alias, max_revert_attempts())
-    at = connection.ops.adapt_datetimefield_value(now)
-    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
+    sql, params = claim_sql.finder(connection.alias, max_revert_attempts())
     with connection.cursor() as cursor:
-        cursor.execute(sql, [at if p == sentinel else p for p in params] + [limit])
+        cursor.execute(sql, [*claim_sql.bind(params, now), limit])
         return [run_id for (run_id,) in cursor.fetchall()]
-
-
-# The finder's SQL is built once per database and ceiling, with this in place of "now".
-_SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-@functools.lru_cache(maxsize=16)
-def _finder_sql(alias, max_attempts):
-    """The skip scan, its WHERE clauses compiled from the querysets that own the rules."""
-    owing_sql, owing_params = _where(Resource.objects.filter(state__in=OWING, retryable=True))
-    claimable_sql, claimable_params = _where(Resource.objects.claimable(_SENTINEL, max_attempts))
-    resource, run = (connection.ops.quote_name(t) for t in (Resource._meta.db_table, Run._meta.db_table))
-    statuses = ", ".join(["%s"] * len(TERMINAL))
-    sql = f"""
-        WITH RECURSIVE owing(run_id) AS (
-            SELECT MIN(run_id) FROM {resource} WHERE {owing_sql}
-            UNION ALL
-            SELECT (SELECT MIN(run_id) FROM {resource} WHERE {owing_sql} AND {resource}.run_id > owing.run_id)
-            FROM owing WHERE owing.run_id IS NOT NULL
-        )
-        SELECT owing.run_id FROM owing JOIN {run} ON {run}.id = owing.run_id
-        WHERE {run}.status IN ({statuses}) AND {run}.auto_cleanup
-          AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = owing.run_id AND {claimable_sql})
-        LIMIT %s
-    """
-    return sql, (*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params)
-
-
-def _where(queryset):
-    """The WHERE clause of a one-table queryset, as SQL and params."""
-    query = queryset.query
-    return query.get_compiler(connection=connection).compile(query.where)
 
 
 def take_runs(run_ids, now, skip_locked, limit=None):
@@ -131,18 +96,7 @@ def take_runs(run_ids, now, skip_locked, limit=None):
     rather than waited for, and the next candidate is taken instead; one whose rows a
     sweeper claimed since the finder looked is passed over too.
     """
-    claimable = Resource.objects.filter(run=OuterRef("pk")).claimable(now, max_revert_attempts())
-    runs = (
-        Run.objects.select_for_update(skip_locked=skip_locked)
-        .filter(Exists(claimable), pk__in=run_ids, status__in=TERMINAL)
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
-    return list(runs[:limit] if limit else runs)
-
-
-# A row whose claim expired again after an earlier attempt: its sweepers keep dying.
-SUSPECT = Q(state=ResourceState.REVERTING, revert_attempts__gte=2)
+    return claim_sql.take_runs(run_ids, now, max_revert_attempts(), skip_locked, limit)
 
 
 def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
@@ -153,21 +107,7 @@ def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     group of each module in ``canaries``: the call that tells whether it is back. A
     group whose sweepers died holding it more than once is claimed alone.
     """
-    alone = Case(
-        When(Q(kind=LEASE_KIND) | Q(step__isnull=True), then=F("id")), default=Value(0), output_field=IntegerField()
-    )
-    heads = (
-        Resource.objects.filter(run_id__in=run_ids)
-        .claimable(now, max_revert_attempts())
-        .annotate(alone=alone)
-        .values("run_id", "step_id", "alone", "step__action_id", "step__idempotency_key", "module")
-        .annotate(
-            first=Min("id"),
-            lease=Max(Case(When(kind=LEASE_KIND, then=1), default=0)),
-            suspect=Max(Case(When(SUSPECT, then=1), default=0)),
-        )
-        .order_by("run_id", "first")
-    )
+    heads = claim_sql.heads(run_ids, now, max_revert_attempts())
     by_run, canaries = {}, set(canaries)
     for head in heads:
         if head["module"] in down:
@@ -194,7 +134,7 @@ def _group(head):
         return Group("lease", head["alone"], head["run_id"])
     if head["alone"]:
         return Group("row", head["alone"], head["run_id"])
-    return Group("step", head["step_id"], head["run_id"], head["step__action_id"], head["step__idempotency_key"])
+    return Group("step", head["step_id"], head["run_id"], head["action_id"], head["step_key"])
 
 
 def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(), down=None):
@@ -227,18 +167,13 @@ def _claim_rows(run_ids, groups, token, now):
     """
     steps = [g.key for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
-    wanted = Q(pk__in=alone) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
-    target = Resource.objects.filter(wanted, run_id__in=run_ids).claimable(now, max_revert_attempts())
-    return _update_returning(target, token, now + timedelta(seconds=claim_timeout_s()), now)
+    where, where_params = claim_sql.claim_rows(run_ids, steps, alone, now, max_revert_attempts())
+    return _update_returning(where, where_params, token, now + timedelta(seconds=claim_timeout_s()), now)
 
 
-def _update_returning(queryset, token, expires, now):
-    """``queryset.update(<the claim>)`` answering the rows it changed (UPDATE ... RETURNING).
-
-    Django's ``update()`` answers a count only; the WHERE clause is compiled from the
-    queryset, so the claimable rule stays written once, in `ResourceQuerySet.claimable`.
-    """
-    where, where_params = _where(queryset)
+def _update_returning(where, where_params, token, expires, now):
+    """The claim of the rows ``where`` selects, answering the rows it changed
+    (UPDATE ... RETURNING: Django's ``update()`` answers a count only)."""
     meta = Resource._meta
     prep = {name: meta.get_field(name) for name in ("state", "claim_token", "claim_expires_at", "updated_at")}
     values = {

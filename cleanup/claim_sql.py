@@ -1,0 +1,154 @@
+"""The statements that find and claim a pass's work, compiled once and bound per pass.
+
+Every pass sends them, so building them through the ORM each time would cost more than
+running them. The rules themselves stay written once, as querysets
+(`ResourceQuerySet.claimable`, the owing states): their WHERE clauses are compiled here
+once per database and attempt ceiling, with a stand-in for "now" that `bind` replaces.
+Lists of ids travel as one array on PostgreSQL (``= ANY(%s)``), as ``IN (...)`` elsewhere.
+"""
+
+import functools
+from datetime import UTC, datetime
+
+from django.db import connection
+from django.db.models import Q
+
+from .models import LEASE_KIND, OWING, TERMINAL, Resource, ResourceState, Run, Step
+
+# Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
+_SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+# A row whose claim expired again after an earlier attempt: its sweepers keep dying.
+SUSPECT = Q(state=ResourceState.REVERTING, revert_attempts__gte=2)
+
+
+def bind(params, now):
+    """The params of a compiled statement, with the pass's time for the stand-in."""
+    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
+    at = connection.ops.adapt_datetimefield_value(now)
+    return [at if p == sentinel else p for p in params]
+
+
+def in_list(column, values):
+    """``column`` is one of ``values``: SQL and params."""
+    values = list(values)
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [values]
+    if not values:
+        return "1 = 0", []
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", values
+
+
+def where(queryset):
+    """The WHERE clause of a one-table queryset, as SQL and params."""
+    query = queryset.query
+    return query.get_compiler(connection=connection).compile(query.where)
+
+
+def names():
+    quote = connection.ops.quote_name
+    return quote(Resource._meta.db_table), quote(Run._meta.db_table), quote(Step._meta.db_table)
+
+
+@functools.lru_cache(maxsize=16)
+def claimable(alias, max_attempts):
+    """`ResourceQuerySet.claimable` as a WHERE clause on the resource table, "now" unbound."""
+    return where(Resource.objects.claimable(_SENTINEL, max_attempts))
+
+
+@functools.lru_cache(maxsize=16)
+def suspect(alias):
+    return where(Resource.objects.filter(SUSPECT))
+
+
+@functools.lru_cache(maxsize=16)
+def finder(alias, max_attempts):
+    """The finder's skip scan of ``finder_owing_run_idx``; params end with the limit."""
+    owing_sql, owing_params = where(Resource.objects.filter(state__in=OWING, retryable=True))
+    claimable_sql, claimable_params = claimable(alias, max_attempts)
+    resource, run, _ = names()
+    statuses = ", ".join(["%s"] * len(TERMINAL))
+    sql = f"""
+        WITH RECURSIVE owing(run_id) AS (
+            SELECT MIN(run_id) FROM {resource} WHERE {owing_sql}
+            UNION ALL
+            SELECT (SELECT MIN(run_id) FROM {resource} WHERE {owing_sql} AND {resource}.run_id > owing.run_id)
+            FROM owing WHERE owing.run_id IS NOT NULL
+        )
+        SELECT owing.run_id FROM owing JOIN {run} ON {run}.id = owing.run_id
+        WHERE {run}.status IN ({statuses}) AND {run}.auto_cleanup
+          AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = owing.run_id AND {claimable_sql})
+        LIMIT %s
+    """
+    return sql, (*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params)
+
+
+def take_runs(run_ids, now, max_attempts, skip_locked, limit):
+    """Terminal runs among ``run_ids`` with rows to claim now, oldest first, locked."""
+    resource, run, _ = names()
+    claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
+    ids_sql, ids_params = in_list(f"{run}.id", run_ids)
+    statuses = ", ".join(["%s"] * len(TERMINAL))
+    sql = (
+        f"SELECT {run}.id FROM {run} WHERE {ids_sql} AND {run}.status IN ({statuses}) "
+        f"AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = {run}.id AND {claimable_sql}) "
+        f"ORDER BY {run}.id"
+    )
+    params = [*ids_params, *[str(s) for s in TERMINAL], *bind(claimable_params, now)]
+    if limit:
+        sql += " LIMIT %s"
+        params.append(limit)
+    features = connection.features
+    if features.has_select_for_update:
+        skip = skip_locked and features.has_select_for_update_skip_locked
+        sql += " " + connection.ops.for_update_sql(skip_locked=skip)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [run_id for (run_id,) in cursor.fetchall()]
+
+
+# What `plan` reads of each claimable group: one row per group, in ledger order.
+HEAD_COLUMNS = ("run_id", "step_id", "alone", "action_id", "step_key", "module", "first", "lease", "suspect")
+
+
+def heads(run_ids, now, max_attempts):
+    """One row per claimable group of ``run_ids`` (`HEAD_COLUMNS`), by run and ledger order.
+
+    A lease row and a loose row (no step) are groups of their own (``alone`` is their
+    id); a step's other rows are one group. ``suspect``: a row of the group was taken
+    over from a sweeper that died holding it after an earlier attempt.
+    """
+    resource, _, step = names()
+    claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
+    suspect_sql, suspect_params = suspect(connection.alias)
+    ids_sql, ids_params = in_list(f"{resource}.run_id", run_ids)
+    r = resource
+    alone = f"CASE WHEN ({r}.kind = %s OR {r}.step_id IS NULL) THEN {r}.id ELSE 0 END"
+    sql = (
+        f"SELECT {r}.run_id, {r}.step_id, {alone}, {step}.action_id, {step}.idempotency_key, {r}.module, "
+        f"MIN({r}.id) AS first, MAX(CASE WHEN {r}.kind = %s THEN 1 ELSE 0 END), "
+        f"MAX(CASE WHEN ({suspect_sql}) THEN 1 ELSE 0 END) "
+        f"FROM {r} LEFT OUTER JOIN {step} ON {step}.id = {r}.step_id "
+        f"WHERE {ids_sql} AND {claimable_sql} "
+        f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module "
+        f"ORDER BY {r}.run_id, first"
+    )
+    params = [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [dict(zip(HEAD_COLUMNS, values, strict=True)) for values in cursor.fetchall()]
+
+
+def claim_rows(run_ids, steps, alone, now, max_attempts):
+    """The WHERE clause (SQL, params) of the rows a claim takes: the step groups' rows but
+    their leases, the lease and loose rows by id, all still claimable."""
+    resource, _, _ = names()
+    claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
+    runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
+    ids_sql, ids_params = in_list(f"{resource}.id", alone)
+    steps_sql, steps_params = in_list(f"{resource}.step_id", steps)
+    sql = (
+        f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
+    )
+    return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
