@@ -64,7 +64,11 @@ def suspect(alias):
 
 @functools.lru_cache(maxsize=16)
 def finder(alias, max_attempts):
-    """The finder's skip scan of ``finder_owing_run_idx``; params end with the limit."""
+    """The finder's skip scan of ``finder_owing_run_idx``; params end with the limit.
+
+    The run's own conditions are a subquery per owing run, not a join, so the scan stops
+    at the limit instead of walking every run that owes something (a join may be hashed).
+    """
     owing_sql, owing_params = where(Resource.objects.filter(state__in=OWING, retryable=True))
     claimable_sql, claimable_params = claimable(alias, max_attempts)
     resource, run, _ = names()
@@ -76,8 +80,8 @@ def finder(alias, max_attempts):
             SELECT (SELECT MIN(run_id) FROM {resource} WHERE {owing_sql} AND {resource}.run_id > owing.run_id)
             FROM owing WHERE owing.run_id IS NOT NULL
         )
-        SELECT owing.run_id FROM owing JOIN {run} ON {run}.id = owing.run_id
-        WHERE {run}.status IN ({statuses}) AND {run}.auto_cleanup
+        SELECT owing.run_id FROM owing
+        WHERE (SELECT {run}.status IN ({statuses}) AND {run}.auto_cleanup FROM {run} WHERE {run}.id = owing.run_id)
           AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = owing.run_id AND {claimable_sql})
         LIMIT %s
     """
