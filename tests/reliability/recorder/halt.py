@@ -79,7 +79,9 @@ def _is_verdict(sql, params):
         return isinstance(params, list | tuple) and len(params) > index and params[index] in VERDICT_STATES
     if value.startswith("'"):
         return any(value.startswith(f"'{s}'") for s in VERDICT_STATES)
-    return "reverting" not in assignments and "reverting" not in [str(p) for p in (params or ())]
+    # A SET from per-row values (``state = CASE ... v.state ...``): a claim would name its
+    # state in the SET itself, as a literal or the parameter read above.
+    return "reverting" not in assignments
 
 
 def _wrapper(execute, sql, params, many, context):
