@@ -138,7 +138,7 @@ def sweep(by="sweep", deadline=None):
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
     health = outages.Health()
     canaries = _outages(health, now)
-    verdicts.repair_statuses(batch)
+    repaired = _repair_statuses(batch, busy=True)
     summaries, more = {}, False
     for _look in range(LOOKS):
         # Twice the batch as candidates: runs other sweepers are claiming are passed over.
@@ -165,7 +165,26 @@ def sweep(by="sweep", deadline=None):
         result.full = result.full or more
     if past(deadline):
         result.full = True  # a run may have been left with groups to work
+    if not (summaries or more or repaired):
+        _repair_statuses(batch, busy=False)
     return result
+
+
+# A busy sweeper repairs stale statuses at most this often; an idle pass always does.
+REPAIR_EVERY_S = 30
+_last_repair = {"at": None}
+
+
+def _repair_statuses(limit, busy):
+    """Repair stale run statuses (`verdicts.repair_statuses`): in every pass that finds no
+    work, and in a busy sweeper's first pass and then every ``REPAIR_EVERY_S``, so a
+    backlog of work costs the repair's query once in a while, not once per batch."""
+    at = time.monotonic()
+    if busy and _last_repair["at"] is not None and at - _last_repair["at"] < REPAIR_EVERY_S:
+        return False
+    _last_repair["at"] = at
+    verdicts.repair_statuses(limit)
+    return True
 
 
 def _outages(health, now):

@@ -3,9 +3,11 @@
 import pytest
 from django.test import override_settings
 
+from cleanup import registry
+from cleanup import sweep as sweep_module
 from cleanup.models import CleanupStatus, Resource, ResourceState
 from cleanup.sweep import sweep
-from tests.fakes import make_rows, make_run, make_step
+from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +51,37 @@ def test_it_leaves_a_pending_run_alone_while_its_rows_wait_out_a_backoff():
 
     run.refresh_from_db()
     assert run.cleanup_status == CleanupStatus.PENDING
+
+
+def test_a_busy_sweeper_repairs_a_stale_status_in_its_next_idle_pass(monkeypatch):
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    sweep()  # the process's first pass has repaired: the next busy ones wait REPAIR_EVERY_S
+    monkeypatch.setattr(sweep_module, "REPAIR_EVERY_S", 3600)
+    stale = make_run(cleanup_status=CleanupStatus.PENDING)
+    make_rows(make_step(stale), ["orc-1"])
+    Resource.objects.filter(run=stale).update(state=ResourceState.REVERTED, revert_attempts=1)
+    busy = make_run()
+    make_rows(make_step(busy), ["orc-2"])
+
+    assert sweep().runs == 1  # works the busy run, leaves the repair for later
+    stale.refresh_from_db()
+    assert stale.cleanup_status == CleanupStatus.PENDING
+
+    assert sweep().runs == 0  # nothing left to claim: the idle pass repairs
+    stale.refresh_from_db()
+    assert stale.cleanup_status == CleanupStatus.COMPLETE
+
+
+def test_a_busy_sweeper_repairs_once_its_interval_has_passed(monkeypatch):
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    monkeypatch.setattr(sweep_module, "REPAIR_EVERY_S", 0)
+    stale = make_run(cleanup_status=CleanupStatus.PENDING)
+    make_rows(make_step(stale), ["orc-1"])
+    Resource.objects.filter(run=stale).update(state=ResourceState.REVERTED, revert_attempts=1)
+    busy = make_run()
+    make_rows(make_step(busy), ["orc-2"])
+
+    assert sweep().runs == 1
+
+    stale.refresh_from_db()
+    assert stale.cleanup_status == CleanupStatus.COMPLETE
