@@ -12,17 +12,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
-from . import outages, sets
+from . import outages, sets, statements
 from .calls import Outcome
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .models import (
     LEASE_KIND,
     STEP_KIND,
     TERMINAL,
-    UNRESOLVED,
     Attempt,
     CleanupStatus,
     Resource,
@@ -309,17 +308,7 @@ def write_statuses(runs, now):
 
 def _counts(run_ids):
     """Rows, unresolved rows and rows the sweep will still try, per run: one query."""
-    counts = (
-        Resource.objects.filter(run_id__in=run_ids)
-        .values("run_id")
-        .annotate(
-            total=Count("id"),
-            unresolved=Count("id", filter=Q(state__in=UNRESOLVED)),
-            retryable=Count("id", filter=Resource.objects.retryable_condition(max_revert_attempts())),
-        )
-        .order_by()
-    )
-    return {c["run_id"]: c for c in counts}
+    return statements.status_counts(run_ids, max_revert_attempts())
 
 
 def _status(counts, auto_cleanup):

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import claim_sql, outages
+from . import outages, statements
 from .conf import claim_timeout_s, max_revert_attempts, setting
 from .models import LEASE_KIND, Resource, ResourceState
 
@@ -82,9 +82,9 @@ def runs_needing_cleanup(now, limit):
     of ``finder_owing_run_idx`` visits each run that still owes something once, so the
     cost follows the runs with work, not the ledger's history.
     """
-    sql, params = claim_sql.finder(connection.alias, max_revert_attempts())
+    sql, params = statements.finder(connection.alias, max_revert_attempts())
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*claim_sql.bind(params, now), limit])
+        cursor.execute(sql, [*statements.bind(params, now), limit])
         return [run_id for (run_id,) in cursor.fetchall()]
 
 
@@ -96,7 +96,7 @@ def take_runs(run_ids, now, skip_locked, limit=None):
     rather than waited for, and the next candidate is taken instead; one whose rows a
     sweeper claimed since the finder looked is passed over too.
     """
-    return claim_sql.take_runs(run_ids, now, max_revert_attempts(), skip_locked, limit)
+    return statements.take_runs(run_ids, now, max_revert_attempts(), skip_locked, limit)
 
 
 def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
@@ -107,7 +107,7 @@ def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     group of each module in ``canaries``: the call that tells whether it is back. A
     group whose sweepers died holding it more than once is claimed alone.
     """
-    heads = claim_sql.heads(run_ids, now, max_revert_attempts())
+    heads = statements.heads(run_ids, now, max_revert_attempts())
     by_run, canaries = {}, set(canaries)
     for head in heads:
         if head["module"] in down:
@@ -167,7 +167,7 @@ def _claim_rows(run_ids, groups, token, now):
     """
     steps = [g.key for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
-    where, where_params = claim_sql.claim_rows(run_ids, steps, alone, now, max_revert_attempts())
+    where, where_params = statements.claim_rows(run_ids, steps, alone, now, max_revert_attempts())
     return _update_returning(where, where_params, token, now + timedelta(seconds=claim_timeout_s()), now)
 
 

@@ -1,4 +1,5 @@
-"""The statements that find and claim a pass's work, compiled once and bound per pass.
+"""The statements every pass sends, compiled once and bound per pass: finding and claiming
+work, and counting a batch's rows for its runs' statuses.
 
 Every pass sends them, so building them through the ORM each time would cost more than
 running them. The rules themselves stay written once, as querysets
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.db.models import Q
 
-from .models import LEASE_KIND, OWING, TERMINAL, Resource, ResourceState, Run, Step
+from .models import LEASE_KIND, OWING, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
 
 # Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
 _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
@@ -156,3 +157,29 @@ def claim_rows(run_ids, steps, alone, now, max_attempts):
         f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
     )
     return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
+
+
+@functools.lru_cache(maxsize=16)
+def _status_counts(alias, max_attempts):
+    unresolved_sql, unresolved_params = where(Resource.objects.filter(state__in=UNRESOLVED))
+    retryable_sql, retryable_params = where(Resource.objects.retryable(max_attempts))
+    resource, _, _ = names()
+    sql = (
+        f"SELECT {resource}.run_id, COUNT(*), SUM(CASE WHEN {unresolved_sql} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN {retryable_sql} THEN 1 ELSE 0 END) FROM {resource} WHERE {{runs}} GROUP BY {resource}.run_id"
+    )
+    return sql, (*unresolved_params, *retryable_params)
+
+
+def status_counts(run_ids, max_attempts):
+    """Per run of ``run_ids``: its rows, its unresolved rows, and the rows the sweep will
+    still try (`ResourceQuerySet.retryable`). Runs without rows are absent."""
+    sql, params = _status_counts(connection.alias, max_attempts)
+    resource, _, _ = names()
+    runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.replace("{runs}", runs_sql), [*params, *runs_params])
+        return {
+            run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
+            for run_id, total, unresolved, retryable in cursor.fetchall()
+        }
