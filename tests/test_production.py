@@ -15,6 +15,7 @@ import httpx
 import pytest
 from django.conf import settings
 from django.db import OperationalError, connection
+from django.test import Client
 from django.utils import timezone
 from django_q.models import Schedule
 
@@ -102,9 +103,6 @@ def test_healthz_is_503_when_the_database_does_not_answer(client):
     assert (response.status_code, response.content) == (503, b"not ok\n")
 
 
-@pytest.mark.django_db
-def test_healthz_reads_only(client):
-    assert client.post("/healthz").status_code == 405
 
 
 # -- the site's front doors -----------------------------------------------------------------
@@ -112,8 +110,29 @@ def test_healthz_reads_only(client):
 
 @pytest.mark.django_db
 def test_the_root_leads_to_the_admin(client):
-    response = client.get("/")
-    assert response.status_code == 302 and response["Location"] == "/admin/"
+    for method in ("GET", "HEAD"):
+        response = client.generic(method, "/")
+        assert response.status_code == 302 and response["Location"] == "/admin/", method
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "DISPATCH", "FROB"])
+def test_healthz_and_the_root_answer_405_to_any_method_but_get_and_head(method):
+    # As a browser or a probe meets the site: with the CSRF check on, which answers 403
+    # to an unsafe method on a view that does not say it needs no token.
+    client = Client(enforce_csrf_checks=True)
+    for path in ("/healthz", "/"):
+        response = client.generic(method, path)
+        assert (response.status_code, response["Allow"]) == (405, "GET, HEAD"), path
+
+
+@pytest.mark.django_db
+def test_the_docs_page_answers_405_not_500_to_options():
+    client = Client(raise_request_exception=False)
+    client.force_login(user_with(username="staff"))
+    response = client.options("/api/docs/")
+    assert response.status_code == 405 and "OPTIONS" not in response["Allow"]
+    assert response.json() == {"detail": "Method not allowed."}
 
 
 @pytest.mark.django_db
