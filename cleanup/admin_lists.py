@@ -41,8 +41,15 @@ def ago(seconds):
 # -- what needs a person ----------------------------------------------------------------
 
 
-def ended_unresolved():
-    return Resource.objects.filter(state__in=UNRESOLVED, run__status__in=TERMINAL)
+def ended_unresolved(rows=None):
+    """The unresolved rows of ended runs that a person acts on: a step's placeholder only
+    when nothing else of its step is left (`without_covered_placeholders`).
+
+    The counts of `attention` and the lists they link to (`NeedsFilter`) both read it, so
+    a count and its list agree.
+    """
+    rows = Resource.objects.all() if rows is None else rows
+    return rows.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).without_covered_placeholders()
 
 
 def retrying_q(max_attempts):
@@ -108,9 +115,9 @@ class NeedsFilter(admin.SimpleListFilter):
         if self.value() == "unresolved":
             return queryset.filter(state__in=UNRESOLVED)
         if self.value() == "retrying":
-            return queryset.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).filter(retrying_q(max_attempts))
+            return ended_unresolved(queryset).filter(retrying_q(max_attempts))
         if self.value() == "waiting":
-            return queryset.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).exclude(retrying_q(max_attempts))
+            return ended_unresolved(queryset).exclude(retrying_q(max_attempts))
         return queryset
 
 

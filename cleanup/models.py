@@ -6,7 +6,7 @@ the filter says which state the row must still be in, and the row count says who
 
 
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from .conf import ATTEMPTS_CEILING
@@ -151,6 +151,18 @@ class Step(models.Model):
 class ResourceQuerySet(models.QuerySet):
     def unresolved(self):
         return self.filter(state__in=UNRESOLVED)
+
+    def without_covered_placeholders(self):
+        """Without the step placeholders whose step still has another unresolved row.
+
+        A placeholder stands for its step until the step records what it made. While any
+        of those rows is unresolved they are what a person reads and acts on, and the
+        placeholder beside them would count the step once more. A placeholder left alone
+        (its step recorded nothing, or the rest was resolved) is what still holds the
+        run, so it stays.
+        """
+        covering = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
+        return self.exclude(Q(kind=STEP_KIND) & Exists(covering))
 
     def claimable(self, now, max_attempts):
         """Rows the automatic sweep may claim now.

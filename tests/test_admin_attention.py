@@ -106,3 +106,43 @@ def test_a_staff_user_without_ledger_permissions_sees_no_counts(client, ledger):
     page = client.get(reverse("admin:index")).content.decode()
     assert "Needs attention" not in page
     assert Run.objects.count() == 3
+
+
+def failed_step(run, refs, attempts=3):
+    """A step whose revert failed as a whole (at the ceiling by default): its placeholder
+    failed with its resources, as every row of a call that failed does."""
+    rows = make_rows(make_step(run), refs)
+    Resource.objects.filter(pk__in=[r.pk for r in rows]).update(state="failed", revert_attempts=attempts)
+    return rows
+
+
+def test_a_steps_placeholder_is_not_counted_beside_the_resources_it_stands_for(client):
+    hunt = make_run(status=RunStatus.COMPLETED, name="wolf hunt", cleanup_status="incomplete")
+    placeholder, *wolves = failed_step(hunt, [f"wolf-{i}" for i in range(6)])
+    client.force_login(staffer())
+    page = client.get(reverse("admin:index")).content.decode()
+
+    assert count(page, "count-waiting") == "6"
+    waiting = re.search(r'href="([^"]+)" id="count-waiting"', page)[1].replace("&amp;", "&")
+    assert refs_listed(client, waiting) == {w.ref for w in wolves}
+    oldest = re.search(r'href="([^"]+)" id="oldest-unresolved"', page)[1]
+    assert oldest != reverse("admin:cleanup_resource_change", args=[placeholder.pk])
+
+
+def test_a_placeholder_with_nothing_else_left_of_its_step_waits_for_a_person(client):
+    """A step that died before recording what it made, and one whose resources were waived:
+    the placeholder is all that holds the run, so it is what a person decides on."""
+    run = make_run(status=RunStatus.ABORTED, name="lost spawn", cleanup_status="incomplete")
+    (died,) = failed_step(run, [])
+    waived_step = failed_step(run, ["wolf-1", "wolf-2"])
+    Resource.objects.filter(pk__in=[r.pk for r in waived_step[1:]]).update(state="waived")
+    retrying = failed_step(run, ["orc-1"], attempts=1)
+    client.force_login(staffer())
+    page = client.get(reverse("admin:index")).content.decode()
+
+    assert count(page, "count-waiting") == "2"
+    waiting = re.search(r'href="([^"]+)" id="count-waiting"', page)[1].replace("&amp;", "&")
+    assert refs_listed(client, waiting) == {died.ref, waived_step[0].ref}
+    assert count(page, "count-retrying") == "1"
+    retrying_link = re.search(r'href="([^"]+)" id="count-retrying"', page)[1].replace("&amp;", "&")
+    assert refs_listed(client, retrying_link) == {retrying[1].ref}

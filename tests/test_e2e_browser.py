@@ -72,6 +72,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             expect(page.locator("#count-incomplete-runs")).to_have_text("1")
             expect(page.locator("#count-waiting")).not_to_have_text("0")
             expect(page.locator("#count-modules-down")).to_have_text("0")
+            waiting = int(page.locator("#count-waiting").inner_text())
             shot(page, "1-admin-index")
             page.click("#count-incomplete-runs")
 
@@ -101,6 +102,8 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             for column in ("ref_short", "state", "attempt", "error", "run_name"):
                 box = page.locator(f"th.column-{column}").bounding_box()
                 assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
+            # The list shows exactly the rows the index counted.
+            assert page.locator("#result_list tbody tr").count() == waiting
             shot(page, "4-ledger-waiting")
 
             # The shard's outage and recovery, in the modules' log.

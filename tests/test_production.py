@@ -13,10 +13,15 @@ from unittest import mock
 
 import httpx
 import pytest
+import time_machine
 from django.conf import settings
+from django.core.management import call_command
 from django.db import OperationalError, connection
+from django.test import Client
 from django.utils import timezone
-from django_q.models import Schedule
+from django_q.models import Schedule, Success
+from django_q.scheduler import scheduler
+from django_q.tasks import async_task
 
 from cleanup.tasks import SCHEDULE_NAME, ensure_schedule
 from tests.test_api_access import user_with
@@ -68,43 +73,66 @@ def test_check_deploy_warns_without_the_https_settings():
 # -- /healthz -------------------------------------------------------------------------------
 
 
-def fire_schedule(ago_s):
+def cluster_ran_the_tick(ago_s):
+    """django-q2's scheduler fires the due tick ``ago_s`` ago, as a cluster does. With the
+    tests' ``sync`` on, the task runs there and then and its result is saved as a
+    worker's would be: in the schedule's group, with the time it stopped."""
+    at = timezone.now() - timedelta(seconds=ago_s)
     schedule = ensure_schedule()
-    Schedule.objects.filter(pk=schedule.pk).update(next_run=timezone.now() - timedelta(seconds=ago_s))
+    Schedule.objects.filter(pk=schedule.pk).update(next_run=at - timedelta(seconds=1))
+    with time_machine.travel(at, tick=False):
+        scheduler()
+    assert Success.objects.filter(group=SCHEDULE_NAME, stopped=at).exists(), "the scheduler did not run the tick"
 
 
 @pytest.mark.django_db
-def test_healthz_is_ok_when_the_database_answers_and_the_tick_fired_recently(client):
-    fire_schedule(ago_s=-50)  # the scheduler moved it a minute ahead ten seconds ago
+def test_healthz_is_ok_when_the_database_answers_and_a_cluster_ran_the_tick_recently(client):
+    cluster_ran_the_tick(ago_s=50)
     response = client.get("/healthz")
     assert (response.status_code, response.content) == (200, b"ok\n")
     assert "no-cache" in response["Cache-Control"]
 
 
 @pytest.mark.django_db
-def test_healthz_is_503_when_no_scheduler_fired_the_tick(client):
-    fire_schedule(ago_s=600)
+def test_healthz_is_503_when_the_last_tick_ran_too_long_ago(client):
+    cluster_ran_the_tick(ago_s=600)
     response = client.get("/healthz")
     assert (response.status_code, response.content) == (503, b"not ok\n")
 
 
 @pytest.mark.django_db
+def test_healthz_is_503_after_migrate_until_a_cluster_runs_the_tick(client):
+    # `migrate` made the schedule, due now: only a cluster running it makes the site healthy.
+    call_command("migrate", verbosity=0)
+    assert Schedule.objects.filter(name=SCHEDULE_NAME).exists()
+    assert client.get("/healthz").status_code == 503
+    cluster_ran_the_tick(ago_s=1)
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_healthz_counts_neither_a_failed_tick_nor_other_tasks(client):
+    cluster_ran_the_tick(ago_s=600)
+    recent = timezone.now() - timedelta(seconds=10)
+    Success.objects.update(stopped=recent, success=False)  # the tick failed: nothing advanced
+    async_task("cleanup.tasks.sweep_task")  # another task, run now
+    assert Success.objects.filter(func="cleanup.tasks.sweep_task").exists()
+    assert client.get("/healthz").status_code == 503
+
+
+@pytest.mark.django_db
 def test_healthz_is_503_without_a_schedule(client):
+    cluster_ran_the_tick(ago_s=10)
     Schedule.objects.filter(name=SCHEDULE_NAME).delete()
     assert client.get("/healthz").status_code == 503
 
 
 @pytest.mark.django_db
 def test_healthz_is_503_when_the_database_does_not_answer(client):
-    fire_schedule(ago_s=0)
+    cluster_ran_the_tick(ago_s=0)
     with mock.patch.object(connection, "cursor", side_effect=OperationalError("connection refused")):
         response = client.get("/healthz")
     assert (response.status_code, response.content) == (503, b"not ok\n")
-
-
-@pytest.mark.django_db
-def test_healthz_reads_only(client):
-    assert client.post("/healthz").status_code == 405
 
 
 # -- the site's front doors -----------------------------------------------------------------
@@ -112,8 +140,29 @@ def test_healthz_reads_only(client):
 
 @pytest.mark.django_db
 def test_the_root_leads_to_the_admin(client):
-    response = client.get("/")
-    assert response.status_code == 302 and response["Location"] == "/admin/"
+    for method in ("GET", "HEAD"):
+        response = client.generic(method, "/")
+        assert response.status_code == 302 and response["Location"] == "/admin/", method
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "DISPATCH", "FROB"])
+def test_healthz_and_the_root_answer_405_to_any_method_but_get_and_head(method):
+    # As a browser or a probe meets the site: with the CSRF check on, which answers 403
+    # to an unsafe method on a view that does not say it needs no token.
+    client = Client(enforce_csrf_checks=True)
+    for path in ("/healthz", "/"):
+        response = client.generic(method, path)
+        assert (response.status_code, response["Allow"]) == (405, "GET, HEAD"), path
+
+
+@pytest.mark.django_db
+def test_the_docs_page_answers_405_not_500_to_options():
+    client = Client(raise_request_exception=False)
+    client.force_login(user_with(username="staff"))
+    response = client.options("/api/docs/")
+    assert response.status_code == 405 and "OPTIONS" not in response["Allow"]
+    assert response.json() == {"detail": "Method not allowed."}
 
 
 @pytest.mark.django_db
@@ -178,7 +227,7 @@ def database_url():
 
 @pytest.mark.django_db(transaction=True)
 def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environment(tmp_path):
-    fire_schedule(ago_s=0)
+    cluster_ran_the_tick(ago_s=0)
     static = tmp_path / "static"
     static.mkdir()
     (static / "probe.txt").write_text("served by whitenoise")
