@@ -6,11 +6,11 @@ or 409 when it already is in the state asked for (nothing changes, nothing is lo
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import outages, registry, validation
+from .. import outages, registry
 from ..models import ModuleEvent, ModuleState
 from . import serializers as s
 from .views import Conflict, EventsAPI, actor, errors
@@ -106,9 +106,9 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
         entries = ModuleEvent.objects.order_by("-at", "-id")
         module = self.request.query_params.get("module")
         if module is not None:
-            if problem := validation.text_problem(module):
-                raise ValidationError({"module": [f"a module name {problem}"]})
-            entries = entries.filter(module=module)
+            # As the ledger's filter: no module's name holds a NUL (PostgreSQL refuses one
+            # in a query), so the answer is an empty list, not an error for a valid string.
+            entries = entries.none() if "\x00" in module else entries.filter(module=module)
         return entries
 
 
