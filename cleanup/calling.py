@@ -29,7 +29,7 @@ from . import calls, outages, registry
 from .calls import Outcome, Verdict
 from .conf import claim_timeout_s, setting
 from .leases import HANDED_DOWN, give_back_lease
-from .models import STEP_KIND, Resource, ResourceState
+from .models import LEASE_KIND, STEP_KIND, Resource, ResourceState
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +115,23 @@ def _revert_job(group):
             return Called(group, Verdict(Outcome.DONE), action_id)
         error = f"{action_id} declares no revert(), so nothing it made can be given back"
         return Called(group, Verdict.terminal(error), action_id)
+    if not resources and group.kind == "step" and _recorded(group):
+        # Only the placeholder is left, but its step recorded what it made and each of
+        # those rows was resolved another way (given back, or waived by a person). An
+        # empty list would ask the module for whatever the step's key made, waived
+        # resources included: the placeholder resolves with no call.
+        return Called(group, Verdict(Outcome.DONE), action_id)
     key = _idempotency_key(group)
     return _Job(
         group, action.module, module_limit(action), action.revert,
         {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
         calls.budget_under_claim(action), action_id, [r["ref"] for r in resources],
     )
+
+
+def _recorded(group):
+    """Did the group's step record what it made (a row of its own beside the placeholder)?"""
+    return Resource.objects.filter(step_id=group.key).exclude(kind__in=(STEP_KIND, LEASE_KIND)).exists()
 
 
 def _idempotency_key(group):

@@ -7,11 +7,11 @@ why no automatic path lowers an attempt counter.
 import time
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from . import validation
-from .models import UNRESOLVED, AlertedStatus, CleanupStatus, Resource, ResourceState, Run, RunLog
+from .models import STEP_KIND, UNRESOLVED, AlertedStatus, CleanupStatus, Resource, ResourceState, Run, RunLog
 
 # Passes asked for together start this far apart, so that a shard coming back from an
 # outage is not hit by every run's cleanup in the same second.
@@ -130,10 +130,19 @@ def waive(rows, reason, actor):
         state=ResourceState.REVERTING, claim_expires_at__lt=now
     )
     reason = reason.strip()
+    also = {"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None}
     waived = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
-        waivable, ResourceState.WAIVED, None, "resource.waived",
-        also={"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None},
-        reason=reason, by=actor,
+        waivable, ResourceState.WAIVED, None, "resource.waived", also=also, reason=reason, by=actor,
+    )
+    # A step's placeholder stands for what the step made: once every row the step recorded
+    # is resolved, it goes with them rather than wait alone for a person, or for a call
+    # that would ask for the whole step back.
+    steps = {r.step_id for r in waived if r.step_id is not None and r.kind != STEP_KIND}
+    still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
+    placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
+    placeholders.resolve_logged(
+        waivable, ResourceState.WAIVED, None, "resource.waived", also=also, reason=reason, by=actor,
+        with_its_step=True,
     )
     for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
         refresh_cleanup_status(run)
