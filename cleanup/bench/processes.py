@@ -59,6 +59,14 @@ class Child:
             text=True, start_new_session=True, preexec_fn=_die_with_parent,
         )
 
+    def started(self, wait):
+        """Answer ``wait()``; a child that never got going is stopped before the error goes up."""
+        try:
+            return wait()
+        except BaseException:
+            self.stop()
+            raise
+
     def output(self, tail=3000):
         self.log.flush()
         self.log.seek(0)
@@ -85,7 +93,7 @@ class LineChild(Child):
 
     def __init__(self, name, argv, env):
         super().__init__(name, argv, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.read()
+        self.started(self.read)
 
     def send(self, **command):
         self.proc.stdin.write(json.dumps(command) + "\n")
@@ -121,7 +129,7 @@ class Shard(Child):
         argv = [sys.executable, "-m", "eventsite.sandbox.shard", "--port", "0", "--save-every", "0"]
         super().__init__("the sandbox shard", argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
         self.http = httpx.Client(trust_env=False, timeout=10)
-        self.url = self._wait_listening()
+        self.url = self.started(self._wait_listening)
 
     def _wait_listening(self):
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -31,7 +31,8 @@ class Command(BaseCommand):
     help = (
         "Measure the sweep on a scratch PostgreSQL database (eventsite_bench on the configured server, "
         "or BENCH_DATABASE_URL) beside a plain-SQL sweep and a row-at-a-time one; with --night, how soon "
-        "runs that end are given back by a real django-q2 cluster against a real sandbox shard."
+        "runs that end are given back by a real django-q2 cluster against a real sandbox shard (in "
+        "eventsite_bench_night, or BENCH_DATABASE_URL)."
     )
 
     def add_arguments(self, parser):
