@@ -41,6 +41,20 @@ def env_int(name, default):
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
 
 
+def env_float(name, default, low, high):
+    """A number from ``low`` to ``high``, such as ``0.1`` or ``2``."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not low <= value <= high:  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number from {low:g} to {high:g}")
+    return value
+
+
 def env_list(name, default):
     raw = os.environ.get(name)
     if raw is None:
@@ -288,6 +302,8 @@ EVENT_MAX_PARAMS_BYTES = env_int("EVENT_MAX_PARAMS_BYTES", 16 * 1024)
 # acknowledged and tried at most `max_attempts` times instead of for ever. The ledger's
 # own claims, not the broker, are what keep two workers off one row, and the schedule
 # (one tick a minute, locked in the database) is the backstop for a task the broker lost.
+# An idle ORM broker looks for a task every `poll` seconds (one query each time), which is
+# how long a run that ended may wait before its cleanup starts; Redis wakes at once.
 REDIS_URL = os.environ.get("REDIS_URL", "").strip()
 if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL={REDIS_URL!r} is not a redis://, rediss:// or unix:// URL")
@@ -303,7 +319,7 @@ Q_CLUSTER = {
     "ack_failures": True,
     "catch_up": False,
     "save_limit": 500,
-    "poll": 1,
+    "poll": env_float("Q_POLL", 0.1, low=0.01, high=60),
     "sync": env_bool("Q_SYNC", False),
     # django-q2 reads `redis` as a URL (redis.from_url) or as keyword arguments.
     **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),

@@ -313,6 +313,22 @@ def test_spawn_with_a_used_key_and_other_params_answers_409(shard_process):
     assert len(by_key(shard_process, SPAWN["key"])) == 3
 
 
+def test_connections_a_sweep_opens_at_once_wait_for_a_busy_shard_instead_of_being_dropped():
+    from eventsite.sandbox.shard import ShardServer
+
+    server = ShardServer(("127.0.0.1", 0))  # listening, but accepting nothing: a busy shard
+    try:
+        # Two sweepers' calls and then some, each on its own connection; a dropped one
+        # would not connect before its timeout.
+        connections = [socket.create_connection(server.server_address, timeout=2) for _ in range(24)]
+        peers = {connection.getpeername() for connection in connections}
+    finally:
+        server.server_close()
+    for connection in connections:
+        connection.close()
+    assert peers == {server.server_address}
+
+
 def test_concurrent_spawns_with_one_key_spawn_once(shard_process):
     answers = []
 

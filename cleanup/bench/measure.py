@@ -5,24 +5,18 @@ sweep, the row-at-a-time port, and with ``workers=2`` two sweepers side by side)
 every way starts from identical rows; figures are medians over the repeats.
 """
 
-import json
-import os
-import secrets
 import select
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-
-from django.conf import settings
 
 from cleanup.conf import claim_timeout_s, max_revert_attempts, setting
 
 from . import plain_sql, row_at_a_time, seed
 from .counted import Counted
 from .module import Instant
+from .processes import LineChild, child_env
 from .scratch import BenchError, connect, ensure_database, machine, scratch_url
 
 FINDER_REPEAT = 25
@@ -49,46 +43,15 @@ class Options:
         return self.runs * self.steps
 
 
-class Worker:
+class Worker(LineChild):
     """A sweeper process (`cleanup.bench.worker`) that answers one JSON line per command."""
 
     def __init__(self, url, latency_ms):
-        env = {**os.environ, "DATABASE_URL": url, "DEBUG": "0", "LOG_LEVEL": "WARNING",
-               "SECRET_KEY": os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24)}
-        env.setdefault("DJANGO_SETTINGS_MODULE", "eventsite.settings")
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cleanup.bench.worker", "--latency-ms", str(latency_ms)],
-            cwd=settings.BASE_DIR, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.log, text=True,
-        )
-        self.read()
-
-    def send(self, **command):
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-
-    def read(self):
-        line = self.proc.stdout.readline()
-        while line and not line.startswith("{"):  # something in the site printed to stdout
-            line = self.proc.stdout.readline()
-        if not line:
-            self.log.seek(0)
-            raise BenchError(f"the sweeper process stopped:\n{self.log.read()[-3000:]}")
-        answer = json.loads(line)
-        if answer.get("error"):
-            raise BenchError(f"the sweeper process: {answer['error']}")
-        return answer
-
-    def ask(self, **command):
-        self.send(**command)
-        return self.read()
+        argv = [sys.executable, "-m", "cleanup.bench.worker", "--latency-ms", str(latency_ms)]
+        super().__init__("the sweeper process", argv, child_env(url))
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        self.log.close()
+        self.stop()
 
 
 def collect(workers, poll):

@@ -40,3 +40,27 @@ def table(result):
         ratio = w["2"] / w["1"] if w["1"] and w["2"] else None
         lines.append(f"sweepers: 1 gives back {_n(w['1'])} rows/s, 2 side by side {_n(w['2'])} rows/s ({_x(ratio)})")
     return "\n".join(lines)
+
+
+def night_table(result):
+    o, m, t = result["options"], result["machine"], result["time_to_clean_ms"]
+    broker = result["broker"] + (f", polling every {result['poll_s']:g} s" if result["poll_s"] else "")
+    lines = [
+        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
+        f"load {m['load_average_at_start']} before, {m['load_average']} after",
+        f"django-q2 on {broker}, {result['cluster_workers']} workers; the shard answers in {o['latency_ms']} ms "
+        "while runs are given back",
+        "",
+        f"time to clean, idle ({o['samples']} runs of one creature): median {_n(t['median'], ' ms')}, "
+        f"p90 {_n(t['p90'], ' ms')}",
+        f"  of which queueing the task {_n(t['queued_median'], ' ms')}; a task's own hop through the queue "
+        f"{_n(t['queue_hop_median'], ' ms')} (medians)",
+    ]
+    for key, label in (("night", "big night"), ("long_run", "long run")):
+        w = result[key]
+        passes = ", ".join(f"{n} by {by}" for by, n in sorted(w["passes"].items(), key=lambda p: str(p[0])))
+        lines.append(
+            f"{label}: {w['runs']} run(s), {w['groups']:,} groups, {w['rows']:,} rows given back "
+            f"{_n(w['seconds'], ' s')} after the last end (median of {o['repeats']}: {w['all']}); passes {passes}"
+        )
+    return "\n".join(lines)

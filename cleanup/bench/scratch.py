@@ -1,8 +1,9 @@
 """The scratch database the bench fills and empties, and the machine it runs on.
 
-``BENCH_DATABASE_URL`` when set, else a database named ``eventsite_bench`` on the
-configured PostgreSQL server. Never the configured database nor its test database: the
-bench truncates the ledger.
+``BENCH_DATABASE_URL`` when set, else a database named ``eventsite_bench`` (the night's:
+``eventsite_bench_night``, so that both can run at once) on the configured PostgreSQL
+server. Never the configured database nor its test database: the bench truncates the
+ledger.
 """
 
 import os
@@ -13,25 +14,26 @@ import psycopg
 from django.conf import settings
 
 DEFAULT_NAME = "eventsite_bench"
+NIGHT_NAME = "eventsite_bench_night"
 
 
 class BenchError(Exception):
     """The bench cannot run, or a way did not give back every row."""
 
 
-def scratch_url():
+def scratch_url(default_name=DEFAULT_NAME):
     url = os.environ.get("BENCH_DATABASE_URL", "").strip()
     db = settings.DATABASES["default"]
     if not url:
         if db["ENGINE"] != "django.db.backends.postgresql":
             raise BenchError(
                 "the bench needs PostgreSQL: set DATABASE_URL to a PostgreSQL server "
-                "(it uses a scratch database named eventsite_bench on it) or BENCH_DATABASE_URL"
+                f"(it uses a scratch database named {default_name} on it) or BENCH_DATABASE_URL"
             )
         auth = quote(db.get("USER") or "postgres")
         if db.get("PASSWORD"):
             auth += ":" + quote(db["PASSWORD"])
-        url = f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{DEFAULT_NAME}"
+        url = f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{default_name}"
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql") or not parts.path.strip("/"):
         raise BenchError(f"BENCH_DATABASE_URL must be a postgres:// URL with a database name, not {url!r}")

@@ -726,6 +726,10 @@ class ShardHandler(BaseHTTPRequestHandler):
 class ShardServer(ThreadingHTTPServer):
     daemon_threads = True  # a request held by a latency fault never delays a stop
     allow_reuse_address = True
+    # Connections the system holds until the server accepts them. A sweep opens one per
+    # call, 8 at once per sweeper; past the standard library's 5 the system drops a
+    # connection's first packet and the client sends it again a second later.
+    request_queue_size = 128
 
     def __init__(self, address, world=None):
         self.world = world or World()

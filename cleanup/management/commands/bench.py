@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup.bench import measure
+from cleanup.bench import measure, night
 from cleanup.bench.progress import Progress
-from cleanup.bench.report import json_line, table
+from cleanup.bench.report import json_line, night_table, table
 from cleanup.bench.scratch import BenchError
 
 
@@ -20,28 +20,68 @@ def non_negative(value):
     return number
 
 
+SWEEP = measure.Options()
+NIGHT = night.NightOptions()
+# Options of one mode only; given in the other they are refused rather than ignored.
+SWEEP_ONLY = ("runs", "steps", "resources", "history", "workers", "latency_ms")
+NIGHT_ONLY = ("samples", "night_runs", "night_steps", "creatures", "long_steps", "shard_latency_ms")
+
+
 class Command(BaseCommand):
     help = (
         "Measure the sweep on a scratch PostgreSQL database (eventsite_bench on the configured server, "
-        "or BENCH_DATABASE_URL) beside a plain-SQL sweep and a row-at-a-time one."
+        "or BENCH_DATABASE_URL) beside a plain-SQL sweep and a row-at-a-time one; with --night, how soon "
+        "runs that end are given back by a real django-q2 cluster against a real sandbox shard (in "
+        "eventsite_bench_night, or BENCH_DATABASE_URL)."
     )
 
     def add_arguments(self, parser):
-        defaults = measure.Options()
-        parser.add_argument("--runs", type=positive, default=defaults.runs, help="ended runs to give back")
-        parser.add_argument("--steps", type=positive, default=defaults.steps, help="steps (groups) per run")
-        parser.add_argument("--resources", type=positive, default=defaults.resources, help="rows per group")
-        parser.add_argument("--history", type=non_negative, default=0, help="resolved rows to seed first")
-        parser.add_argument("--workers", type=int, choices=[1, 2], default=1, help="2: also two sweepers at once")
-        parser.add_argument("--latency-ms", type=non_negative, default=0, help="the module's delay per call")
-        parser.add_argument("--repeats", type=positive, default=defaults.repeats, help="figures are medians")
+        sweep = parser.add_argument_group("the sweep beside plain SQL and row at a time")
+        sweep.add_argument("--runs", type=positive, help=f"ended runs to give back ({SWEEP.runs})")
+        sweep.add_argument("--steps", type=positive, help=f"steps (groups) per run ({SWEEP.steps})")
+        sweep.add_argument("--resources", type=positive, help=f"rows per group ({SWEEP.resources})")
+        sweep.add_argument("--history", type=non_negative, help="resolved rows to seed first (0)")
+        sweep.add_argument("--workers", type=int, choices=[1, 2], help="2: also two sweepers at once (1)")
+        sweep.add_argument("--latency-ms", type=non_negative, help="the module's delay per call (0)")
+        nights = parser.add_argument_group("--night: time to clean, a big night and one long run")
+        nights.add_argument("--night", action="store_true",
+                            help="start a sandbox shard and `manage.py qcluster` and time how soon ended runs are "
+                                 "given back (ORM broker, or Redis when REDIS_URL is set; Q_POLL applies)")
+        nights.add_argument("--samples", type=positive,
+                            help=f"time to clean: one-creature runs ended one at a time, idle ({NIGHT.samples})")
+        nights.add_argument("--night-runs", type=positive, help=f"big night: runs ended together ({NIGHT.runs})")
+        nights.add_argument("--night-steps", type=positive, help=f"big night: spawns (groups) per run ({NIGHT.steps})")
+        nights.add_argument("--creatures", type=positive,
+                            help=f"creatures (rows) per spawn, in the big night and the long run ({NIGHT.creatures})")
+        nights.add_argument("--long-steps", type=positive,
+                            help=f"the long run: its spawns (groups), one run alone ({NIGHT.long_steps})")
+        nights.add_argument("--shard-latency-ms", type=non_negative,
+                            help=f"the shard's delay per answer while runs are given back ({NIGHT.latency_ms})")
+        parser.add_argument("--repeats", type=positive,
+                            help=f"figures are medians of this many ({SWEEP.repeats}; with --night, of the big "
+                                 "night and the long run)")
         parser.add_argument("--json", action="store_true", help="print one JSON line")
 
     def handle(self, *args, **o):
-        options = measure.Options(runs=o["runs"], steps=o["steps"], resources=o["resources"], history=o["history"],
-                                  workers=o["workers"], latency_ms=o["latency_ms"], repeats=o["repeats"])
+        wrong = [name for name in (NIGHT_ONLY if not o["night"] else SWEEP_ONLY) if o[name] is not None]
+        if wrong:
+            option = "--" + wrong[0].replace("_", "-")
+            raise CommandError(f"{option} applies {'only with' if not o['night'] else 'without'} --night")
+        progress = Progress(self.stderr._out)
         try:
-            result = measure.run(options, Progress(self.stderr._out))
+            if o["night"]:
+                result = night.run(self.night_options(o), progress)
+            else:
+                result = measure.run(self.sweep_options(o), progress)
         except BenchError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(json_line(result) if o["json"] else table(result))
+        self.stdout.write(json_line(result) if o["json"] else (night_table if o["night"] else table)(result))
+
+    def sweep_options(self, o):
+        given = {name: o[name] for name in (*SWEEP_ONLY, "repeats") if o[name] is not None}
+        return measure.Options(**given)
+
+    def night_options(self, o):
+        names = {"samples": "samples", "night_runs": "runs", "night_steps": "steps", "creatures": "creatures",
+                 "long_steps": "long_steps", "shard_latency_ms": "latency_ms", "repeats": "repeats"}
+        return night.NightOptions(**{field: o[name] for name, field in names.items() if o[name] is not None})

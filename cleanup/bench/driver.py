@@ -1,0 +1,203 @@
+"""The night's driver process: ``python -m cleanup.bench.driver``.
+
+It starts, performs and ends runs through the runner, as the API and the commands do,
+and reads what the cluster did from the database. DATABASE_URL names the scratch
+database, SANDBOX_SHARD_URL the bench's shard, and its settings are the cluster's, so
+what it queues goes to the cluster. It answers one JSON line per command read from
+stdin (`COMMANDS`). Times it answers come from the rows the engine wrote (a run's
+``ended_at``, its ``cleanup.swept`` entries' ``at``, its rows' ``resolved_at``), not from
+when the driver happened to look.
+"""
+
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+
+PERFORM_TIMEOUT_S = 600
+QUIET_S = 0.3
+LOOK_EVERY_S = 0.02
+TASK_SAVED_WAIT_S = 2.0
+
+
+def now():
+    """The task the cluster runs for `ping`: when it started, on this machine's clock."""
+    return time.time()
+
+
+def wipe():
+    """Empty every table of the app and django-q2's queue and results, in one statement."""
+    from django.apps import apps
+    from django.db import connection
+    from django_q.models import OrmQ, Task
+
+    models = [*apps.get_app_config("cleanup").get_models(), OrmQ, Task]
+    tables = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+    return {}
+
+
+def ping(timeout_s=60):
+    """Milliseconds from queueing a task to a worker starting it: the queue's own hop."""
+    from django_q.tasks import async_task, result
+
+    sent = time.time()
+    started = result(async_task("cleanup.bench.driver.now", task_name="bench ping"), wait=int(timeout_s * 1000))
+    if started is None:
+        return {"error": f"the cluster did not run a queued task within {timeout_s} s"}
+    return {"ms": (started - sent) * 1000}
+
+
+def settle(timeout_s=120):
+    """Wait until nothing is queued or in flight for `QUIET_S`: the cluster is idle."""
+    from django_q.brokers import get_broker
+
+    broker = get_broker()
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        if broker.queue_size() or broker.lock_size():
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= QUIET_S:
+            return {"broker": type(broker).__name__}
+        time.sleep(LOOK_EVERY_S)
+    return {"error": f"the cluster was still busy after {timeout_s} s"}
+
+
+def start(label, runs, steps, creatures):
+    """Start ``runs`` runs of ``steps`` spawns of ``creatures`` then a long wait, and
+    perform their spawns; answers their ids. The cluster's ticks may perform some."""
+    from cleanup.runner import start_run
+
+    spawn = {"action": "sandbox.spawn", "params": {"creature": "orc", "count": creatures, "at": "night-gate"}}
+    hold = {"action": "core.wait", "params": {"seconds": 3600}}
+    ids = [start_run(f"{label} {n + 1}", [spawn] * steps + [hold], actor="bench").pk for n in range(runs)]
+    return perform(ids) or {"run_ids": ids}
+
+
+def perform(ids):
+    """Advance the runs until every spawn is done; an error when one cannot be."""
+    from cleanup.models import Run, RunStatus, Step, StepStatus
+    from cleanup.runner import WAIT, advance_run
+
+    pending, deadline = set(ids), time.monotonic() + PERFORM_TIMEOUT_S
+    while pending:
+        for run_id in sorted(pending):
+            advance_run(run_id)  # None when a cluster's tick holds the run: it performs then
+        spawns = Step.objects.filter(run_id__in=pending).exclude(action_id=WAIT)
+        pending = set(spawns.exclude(status=StepStatus.DONE).values_list("run_id", flat=True))
+        ended = Run.objects.filter(pk__in=ids).exclude(status=RunStatus.RUNNING).first()
+        if ended is not None:
+            failed = Step.objects.filter(run=ended, status=StepStatus.FAILED).first()
+            return {"error": f"run {ended.pk} {ended.status} while performing: {failed and failed.last_error}"}
+        if time.monotonic() > deadline:
+            return {"error": f"{len(pending)} run(s) were not performed within {PERFORM_TIMEOUT_S} s"}
+        if pending:
+            time.sleep(LOOK_EVERY_S)
+    return None
+
+
+def end(run_ids):
+    """Cancel the runs one after another, as fast as the runner goes; each queues its cleanup."""
+    from cleanup.runner import cancel_run
+
+    for run_id in run_ids:
+        cancel_run(run_id, actor="bench")
+    return {}
+
+
+def cleaned(run_ids, timeout_s):
+    """Wait until every run's cleanup is complete; answers what the rows say about it."""
+    from cleanup.models import CleanupStatus, Run
+
+    runs = Run.objects.filter(pk__in=run_ids)
+    deadline = time.monotonic() + timeout_s
+    while runs.exclude(cleanup_status=CleanupStatus.COMPLETE).exists():
+        stuck = runs.exclude(cleanup_status__in=(CleanupStatus.COMPLETE, CleanupStatus.PENDING)).first()
+        if stuck is not None:
+            return {"error": f"run {stuck.pk}'s cleanup ended {stuck.cleanup_status}"}
+        if time.monotonic() > deadline:
+            left = runs.exclude(cleanup_status=CleanupStatus.COMPLETE).count()
+            return {"error": f"{left} run(s) were not cleaned within {timeout_s} s of their end"}
+        time.sleep(LOOK_EVERY_S)
+    return figures(run_ids)
+
+
+def figures(run_ids):
+    """When the runs ended and when their last row was given back, from the rows themselves."""
+    from django.db.models import Max
+
+    from cleanup.models import STEP_KIND, Resource, Run, RunLog
+
+    ended_at = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "ended_at"))
+    ended = max(ended_at.values())
+    passes = RunLog.objects.filter(run_id__in=run_ids, kind="cleanup.swept")
+    rows = Resource.objects.filter(run_id__in=run_ids)
+    given_back = max(at for at in (passes.aggregate(at=Max("at"))["at"], rows.aggregate(at=Max("resolved_at"))["at"])
+                     if at is not None)
+    creatures = Counter(rows.exclude(kind=STEP_KIND).values_list("state", flat=True))
+    return {
+        "seconds": (given_back - ended).total_seconds(),
+        "ended_at": ended.isoformat(),
+        "rows": dict(creatures),
+        "placeholders": dict(Counter(rows.filter(kind=STEP_KIND).values_list("state", flat=True))),
+        "passes": dict(Counter(detail.get("by") for detail in passes.values_list("detail", flat=True))),
+        "queued_ms": _queued_ms(ended_at),
+    }
+
+
+def _queued_ms(ended_at):
+    """Median milliseconds from a run's end to its first cleanup task being queued
+    (django-q2's ``started`` is when a task was queued), once the cluster saved them."""
+    from django.db.models import Min
+    from django_q.models import Task
+
+    names = {f"cleanup run {run_id}": at for run_id, at in ended_at.items()}
+    tasks = Task.objects.filter(name__in=names).values("name").annotate(queued=Min("started")).order_by()
+    deadline = time.monotonic() + TASK_SAVED_WAIT_S
+    while time.monotonic() < deadline:
+        queued = {t["name"]: t["queued"] for t in tasks}
+        if len(queued) == len(names):
+            return statistics.median((at - names[name]).total_seconds() * 1000 for name, at in queued.items())
+        time.sleep(LOOK_EVERY_S)
+    return None  # a task the cluster has not saved yet, or a run the schedule's tick cleaned
+
+
+COMMANDS = {
+    "migrate": lambda c: _migrate(),
+    "wipe": lambda c: wipe(),
+    "ping": lambda c: ping(),
+    "settle": lambda c: settle(),
+    "start": lambda c: start(c["label"], c["runs"], c["steps"], c["creatures"]),
+    "end": lambda c: end(c["run_ids"]),
+    "cleaned": lambda c: cleaned(c["run_ids"], c["timeout_s"]),
+}
+
+
+def _migrate():
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return {}
+
+
+def main():
+    import django
+
+    django.setup()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            answer = COMMANDS[command["do"]](command)
+        except Exception as exc:  # said to the bench, which stops and shows it
+            answer = {"error": f"{command['do']}: {type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
