@@ -38,21 +38,40 @@ class CleanupRefused(Exception):
     """A cleanup that cannot be asked for, such as one of a run still in flight."""
 
 
-def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
+class Ahead:
+    """Queues the next pass, at most once, as soon as a pass knows it leaves work behind.
+
+    A pass that claimed only part of what waits calls it right after its claim, before its
+    module calls: another worker claims the next groups meanwhile, instead of the work
+    waiting for this pass to end and for the queue to hand the next one out.
+    """
+
+    def __init__(self, queue):
+        self._queue = queue
+        self.queued = False
+
+    def __call__(self):
+        if not self.queued:
+            self.queued = True
+            self._queue()
+
+
+def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=None):
     """Give back what one terminal run still holds; answers a `Summary`.
 
     ``reset`` is a person's request (the admin action, the API, ``cleanup_run --reset``):
     it puts every unresolved row of the run back under the attempt ceiling, as the only
     path that lowers a counter. The automatic sweep never sets it. Past ``deadline`` no
     further group is started; what is left waits for the next pass. ``summary.more``
-    says that the pass stopped at a bound with groups left to work.
+    says that the pass stopped at a bound with groups left to work; ``ahead`` (an `Ahead`)
+    is called as soon as the claim shows it.
     """
     run = Run.objects.get(pk=run.pk)
     if not run.is_terminal:
         raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
     if reset:
         reset_for_person(run, actor)
-    summaries, more = run_batch([run.pk], by=actor or by, deadline=deadline, skip_locked=False)
+    summaries, more = run_batch([run.pk], by=actor or by, deadline=deadline, skip_locked=False, ahead=ahead)
     summary = summaries.get(run.pk)
     if summary is None:
         summary = Summary(remaining=refresh_cleanup_status(run))
@@ -60,15 +79,19 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None):
     return summary
 
 
-def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None):
+def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None,
+              ahead=None):
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, more)``.
 
     ``more`` is true when the batch stopped at a bound (groups per run, or the time
-    budget) with work left behind.
+    budget) with work left behind; ``ahead`` is called once the claim shows that a run has
+    more groups than it took.
     """
     health = health or outages.Health()
     batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries,
                        down=health.down)
+    if batch.more and ahead is not None:
+        ahead()
     if not batch.groups:
         return {}, batch.more
     summaries, called = {}, []
@@ -124,13 +147,14 @@ class SweepResult:
         )
 
 
-def sweep(by="sweep", deadline=None):
+def sweep(by="sweep", deadline=None, ahead=None):
     """The cleanup leg: one pass over at most ``EVENT_CLEANUP_RUN_BATCH`` runs.
 
     Past ``deadline`` it starts nothing new, so a task stays well inside django-q2's
     timeout however slow the shards are. ``full`` says the pass stopped at a bound (runs
     per batch, groups per run, the time budget) with work left: the caller queues the
-    next pass at once, and the schedule is only the backstop.
+    next pass at once, and the schedule is only the backstop. ``ahead`` (an `Ahead`) is
+    called as soon as the pass knows it will leave work behind, before its module calls.
     """
     now = timezone.now()
     result = SweepResult(summary=Summary())
@@ -146,9 +170,11 @@ def sweep(by="sweep", deadline=None):
         result.full = len(run_ids) > batch
         if not run_ids or past(deadline):
             break
+        if result.full and ahead is not None:
+            ahead()
         try:
             summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries,
-                                        health=health)
+                                        health=health, ahead=ahead)
         except Exception:
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)

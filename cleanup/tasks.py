@@ -41,25 +41,28 @@ def sweep_task():
     from django.utils import timezone
 
     from .conf import setting
-    from .sweep import sweep
+    from .sweep import Ahead, sweep
 
-    result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")))
+    ahead = Ahead(queue_sweep)
+    result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")),
+                   ahead=ahead)
     if result.full:
-        queue_sweep()
+        ahead()
     notice_staff()
     return result.line()
 
 
 def cleanup_run_task(run_id, actor=None):
     from .models import Run
-    from .sweep import cleanup_run
+    from .sweep import Ahead, cleanup_run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
-    summary = cleanup_run(run, by=actor or "queue")
+    ahead = Ahead(lambda: queue_cleanup(run_id, actor=actor))
+    summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
     if summary.more:
-        queue_cleanup(run_id, actor=actor)
+        ahead()
     notice_staff()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 

@@ -51,3 +51,58 @@ def test_a_pass_whose_groups_wait_out_a_backoff_queues_nothing(django_capture_on
 
     assert len(revert.calls) == 2
     assert len(callbacks) == 1, "a pass with nothing left to do now queued another"
+
+
+@override_settings(EVENT_CLEANUP_GROUPS_PER_RUN=2)
+def test_a_runs_pass_that_leaves_groups_queues_the_next_before_its_calls(monkeypatch):
+    from cleanup import tasks
+
+    queued, seen_at_call = [], []
+    monkeypatch.setattr(tasks, "queue_cleanup", lambda run_id, actor=None: queued.append(run_id))
+
+    def revert(**kwargs):
+        seen_at_call.append(len(queued))
+        return {"ok": True, "failed": []}
+
+    registry.register_action(FakeAction(revert=revert))
+    run = a_run_of(5)
+
+    tasks.cleanup_run_task(run.pk)
+
+    assert queued == [run.pk], "the next pass was not queued once"
+    assert seen_at_call == [1, 1], "the next pass was queued only after the calls"
+
+
+@override_settings(EVENT_CLEANUP_GROUPS_PER_RUN=2)
+def test_a_runs_last_pass_queues_nothing(monkeypatch):
+    from cleanup import tasks
+
+    queued = []
+    monkeypatch.setattr(tasks, "queue_cleanup", lambda run_id, actor=None: queued.append(run_id))
+    registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": []})))
+    run = a_run_of(2)
+
+    tasks.cleanup_run_task(run.pk)
+
+    assert queued == []
+    assert set(states(run).values()) == {"reverted"}
+
+
+@override_settings(EVENT_CLEANUP_RUN_BATCH=1)
+def test_a_sweep_that_leaves_runs_queues_the_next_before_its_calls(monkeypatch):
+    from cleanup import tasks
+
+    queued, seen_at_call = [], []
+    monkeypatch.setattr(tasks, "queue_sweep", lambda: queued.append("sweep"))
+
+    def revert(**kwargs):
+        seen_at_call.append(len(queued))
+        return {"ok": True, "failed": []}
+
+    registry.register_action(FakeAction(revert=revert))
+    a_run_of(1), a_run_of(1)
+
+    tasks.sweep_task()
+
+    assert queued == ["sweep"]
+    assert seen_at_call == [1]
