@@ -318,7 +318,10 @@ Q_CLUSTER = {
     "max_attempts": 3,
     "ack_failures": True,
     "catch_up": False,
+    # Results kept per task function, so a burst of cleanup tasks cannot push out the
+    # last tick's result, which /healthz reads.
     "save_limit": 500,
+    "save_limit_per": "func",
     "poll": env_float("Q_POLL", 0.1, low=0.01, high=60),
     "sync": env_bool("Q_SYNC", False),
     # django-q2 reads `redis` as a URL (redis.from_url) or as keyword arguments.

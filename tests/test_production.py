@@ -257,3 +257,30 @@ def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environmen
         process.terminate()
         process.wait(timeout=20)
         log.close()
+
+
+@pytest.mark.django_db
+def test_a_burst_of_other_task_results_keeps_the_last_ticks_result(monkeypatch):
+    """django-q2 prunes its kept results per task function: /healthz's tick stays readable."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+    from django_q.models import Success
+    from django_q.monitor import save_task
+
+    monkeypatch.setattr(Conf, "SAVE_LIMIT", 3)
+    start = timezone.now()
+
+    def result(n, func):
+        at = start + timedelta(seconds=n)
+        return {"id": f"task-{n}", "name": f"task {n}", "func": func, "args": (), "kwargs": {}, "started": at,
+                "stopped": at, "result": None, "group": None, "success": True, "sync": True}
+
+    save_task(result(0, "cleanup.tasks.tick_task"), get_broker())
+    for n in range(1, 8):
+        save_task(result(n, "cleanup.tasks.cleanup_run_task"), get_broker())
+
+    assert Success.objects.filter(func="cleanup.tasks.tick_task").count() == 1
+    assert Success.objects.filter(func="cleanup.tasks.cleanup_run_task").count() == 3
