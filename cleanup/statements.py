@@ -31,6 +31,72 @@ def bind(params, now):
     return [at if p == sentinel else p for p in params]
 
 
+def fetch_prepared(sql, params):
+    """Rows of a statement sent as a server-side prepared statement on PostgreSQL.
+
+    Django binds parameters on the client, so PostgreSQL parses and plans each statement
+    anew; for the finder, which every pass sends, planning costs more than running it.
+    Prepared once per connection (with one generic plan: its shape does not depend on
+    the values), it is only executed after that. The cursor goes through Django's wrappers
+    like any other (query logging, execute wrappers, error translation). A site behind a
+    transaction-pooling PgBouncer sets ``DISABLE_SERVER_SIDE_CURSORS`` and gets the plain way.
+    """
+    raw = _preparing_connection()
+    if raw is None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    wrapped = connection.make_debug_cursor(_Prepared(raw)) if connection.queries_logged else connection.make_cursor(
+        _Prepared(raw))
+    with wrapped as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _preparing_connection():
+    """The psycopg connection to prepare statements on, or None where that is not done."""
+    if connection.vendor != "postgresql" or connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return None
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(raw, "_eventsite_prepares", False):
+        return raw
+    with connection.wrap_database_errors:
+        # Django's own cursors bind on the client and never prepare, whatever this says;
+        # psycopg prepares nothing at all while it is None (Django's default).
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = PREPARE_THRESHOLD
+        with raw.cursor() as cursor:
+            cursor.execute("SET plan_cache_mode = force_generic_plan")
+    # A SET in a transaction that rolls back is undone: it is sent again next time then.
+    raw._eventsite_prepares = not connection.in_atomic_block
+    return raw
+
+
+# psycopg's own default: a statement run this often is prepared (ours say so at once).
+PREPARE_THRESHOLD = 5
+
+
+def _prepared_cursor_class():
+    import psycopg
+
+    class Prepared(psycopg.Cursor):
+        def execute(self, query, params=None, **kwargs):
+            return super().execute(query, params, prepare=True, **kwargs)
+
+    return Prepared
+
+
+def _Prepared(raw):
+    global _PREPARED
+    if _PREPARED is None:
+        _PREPARED = _prepared_cursor_class()
+    return _PREPARED(raw)
+
+
+_PREPARED = None
+
+
 def in_list(column, values):
     """``column`` is one of ``values``: SQL and params."""
     values = list(values)

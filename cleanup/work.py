@@ -83,9 +83,7 @@ def runs_needing_cleanup(now, limit):
     cost follows the runs with work, not the ledger's history.
     """
     sql, params = statements.finder(connection.alias, max_revert_attempts())
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*statements.bind(params, now), limit])
-        return [run_id for (run_id,) in cursor.fetchall()]
+    return [run_id for (run_id,) in statements.fetch_prepared(sql, [*statements.bind(params, now), limit])]
 
 
 def take_runs(run_ids, now, skip_locked, limit=None):
