@@ -167,6 +167,10 @@ def _database():
             config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
         except (ValueError, dj_database_url.UnknownSchemeError) as exc:
             raise ImproperlyConfigured(f"DATABASE_URL cannot be read: {exc}") from None
+        # Behind PgBouncer in transaction mode a connection's server changes between
+        # transactions: no server-side cursors, and no prepared statements for the finder.
+        if env_bool("DATABASE_TRANSACTION_POOLER", False):
+            config["DISABLE_SERVER_SIDE_CURSORS"] = True
     else:
         VAR_DIR.mkdir(parents=True, exist_ok=True)
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "eventsite.sqlite3"}

@@ -9,8 +9,6 @@ from cleanup import statements
 from cleanup.work import runs_needing_cleanup
 from tests.fakes import make_rows, make_run, make_step
 
-pytestmark = pytest.mark.django_db
-
 
 def prepared():
     with connection.cursor() as cursor:
@@ -18,13 +16,14 @@ def prepared():
         return cursor.fetchall()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def postgresql_only():
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL: prepared statements are a PostgreSQL matter")
 
 
-def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan():
+@pytest.mark.django_db
+def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan(postgresql_only):
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
     runs_needing_cleanup(timezone.now(), 20)  # prepared now, if an earlier test has not
@@ -38,7 +37,8 @@ def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan():
     assert (after[0][1] - before[0][1], after[0][2] - before[0][2]) == (3, 0), "planned anew for each call"
 
 
-def test_a_site_behind_a_transaction_pooler_prepares_nothing(monkeypatch):
+@pytest.mark.django_db
+def test_a_site_behind_a_transaction_pooler_prepares_nothing(postgresql_only, monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
@@ -47,6 +47,31 @@ def test_a_site_behind_a_transaction_pooler_prepares_nothing(monkeypatch):
     assert not [row for row in prepared() if "WITH RECURSIVE owing" in row[0]]
 
 
+@pytest.mark.django_db
 def test_prepared_statements_go_through_djangos_query_log(django_assert_num_queries):
     with django_assert_num_queries(1):
-        assert statements.fetch_prepared("SELECT %s::int + 1", [41]) == [(42,)]
+        assert statements.fetch_prepared("SELECT CAST(%s AS integer) + 1", [41]) == [(42,)]
+
+
+def settings_of(env, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    code = ("import json, django; django.setup(); from django.conf import settings as s;"
+            "print(json.dumps(bool(s.DATABASES['default'].get('DISABLE_SERVER_SIDE_CURSORS'))))")
+    full = {k: v for k, v in os.environ.items() if k != "DATABASE_TRANSACTION_POOLER"}
+    full.update(DEBUG="1", DJANGO_SETTINGS_MODULE="eventsite.settings", EVENTSITE_VAR_DIR=str(tmp_path),
+                DATABASE_URL="postgres://events@127.0.0.1:5432/events", **env)
+    result = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=full,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_database_transaction_pooler_turns_server_side_statements_off(tmp_path):
+    assert settings_of({"DATABASE_TRANSACTION_POOLER": "1"}, tmp_path) is True
+    assert settings_of({}, tmp_path) is False
