@@ -7,6 +7,8 @@ Elsewhere (SQLite, the embedded demo) the same writes go through the ORM.
 
 from django.db import connection
 
+from . import statements
+
 
 def _arrays(model, names, rows):
     """One list per field of ``names``, each value prepared as the field saves it."""
@@ -36,8 +38,7 @@ def insert(objects, names):
         f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
         f"SELECT * FROM unnest({', '.join(f'%s::{t}' for t in types)})"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, columns)
+    statements.execute_prepared(sql, columns)
 
 
 def update_by_id(model, changes, where, where_params, expressions=None, fixed=None):
@@ -89,9 +90,7 @@ def update_by_id(model, changes, where, where_params, expressions=None, fixed=No
         f"FROM unnest({', '.join(f'%s::{t}' for t in array_types)}) AS v({', '.join(array_names)}) "
         f"WHERE r.{quote(meta.pk.column)} = v.id AND {where}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*fixed_params, *columns, *where_params])
-        return cursor.rowcount
+    return statements.execute_prepared(sql, [*fixed_params, *columns, *where_params])
 
 
 def _plain(value):

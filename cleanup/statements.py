@@ -31,7 +31,12 @@ def bind(params, now):
     return [at if p == sentinel else p for p in params]
 
 
-def fetch_prepared(sql, params):
+def execute_prepared(sql, params):
+    """`fetch_prepared` for a statement that returns no rows; answers its row count."""
+    return fetch_prepared(sql, params, rows=False)
+
+
+def fetch_prepared(sql, params, rows=True):
     """Rows of a statement sent as a server-side prepared statement on PostgreSQL.
 
     Django binds parameters on the client, so PostgreSQL parses and plans each statement
@@ -43,14 +48,14 @@ def fetch_prepared(sql, params):
     """
     raw = _preparing_connection()
     if raw is None:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
-    wrapped = connection.make_debug_cursor(_Prepared(raw)) if connection.queries_logged else connection.make_cursor(
-        _Prepared(raw))
-    with wrapped as cursor:
+        cursor = connection.cursor()
+    elif connection.queries_logged:
+        cursor = connection.make_debug_cursor(_Prepared(raw))
+    else:
+        cursor = connection.make_cursor(_Prepared(raw))
+    with cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        return cursor.fetchall() if rows else cursor.rowcount
 
 
 def _preparing_connection():
@@ -174,9 +179,7 @@ def take_runs(run_ids, now, max_attempts, skip_locked, limit):
     if features.has_select_for_update:
         skip = skip_locked and features.has_select_for_update_skip_locked
         sql += " " + connection.ops.for_update_sql(skip_locked=skip)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [run_id for (run_id,) in cursor.fetchall()]
+    return [run_id for (run_id,) in fetch_prepared(sql, params)]
 
 
 # What `plan` reads of each claimable group: one row per group, in ledger order.
@@ -206,9 +209,7 @@ def heads(run_ids, now, max_attempts):
         f"ORDER BY {r}.run_id, first"
     )
     params = [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [dict(zip(HEAD_COLUMNS, values, strict=True)) for values in cursor.fetchall()]
+    return [dict(zip(HEAD_COLUMNS, values, strict=True)) for values in fetch_prepared(sql, params)]
 
 
 def claim_rows(run_ids, steps, alone, now, max_attempts):
@@ -243,9 +244,8 @@ def status_counts(run_ids, max_attempts):
     sql, params = _status_counts(connection.alias, max_attempts)
     resource, _, _ = names()
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
-    with connection.cursor() as cursor:
-        cursor.execute(sql.replace("{runs}", runs_sql), [*params, *runs_params])
-        return {
-            run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
-            for run_id, total, unresolved, retryable in cursor.fetchall()
-        }
+    return {
+        run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
+        for run_id, total, unresolved, retryable in fetch_prepared(sql.replace("{runs}", runs_sql),
+                                                                   [*params, *runs_params])
+    }

@@ -188,9 +188,7 @@ def _update_returning(where, where_params, token, expires, now):
         f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + 1 WHERE {where} "
         f"RETURNING {', '.join(connection.ops.quote_name(c) for c in columns)}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *where_params])
-        fetched = cursor.fetchall()
+    fetched = statements.fetch_prepared(sql, [*params, *where_params])
     payload_field = meta.get_field("payload")
     return [Row(*values[:5], _json(payload_field, values[5]), *values[6:]) for values in fetched]
 
