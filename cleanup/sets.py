@@ -41,14 +41,16 @@ def insert(objects, names):
     statements.execute_prepared(sql, columns)
 
 
-def update_by_id(model, changes, where, where_params, expressions=None, fixed=None):
+def update_by_id(model, changes, where, where_params, expressions=None, fixed=None, key=None):
     """Give each row its own values in one UPDATE; answers the number of rows changed.
 
     ``changes`` maps a row's id to ``{field name: value}``; a row leaves the fields it does
-    not name as they are. ``expressions`` maps a field name to SQL used instead of the value
-    when a row names the field with the value ``SPECIAL`` (with ``r`` the row as it was,
-    ``v`` its new values). ``fixed`` sets fields to one value on every matched row. ``where``
-    (SQL on ``r``) fences the write, e.g. to the rows a claim still holds.
+    not name as they are. With ``key`` (a foreign key's name) it maps that key's value
+    instead, and every row with that value takes the values. ``expressions`` maps a field
+    name to SQL used instead of the value when a row names the field with the value
+    ``SPECIAL`` (with ``r`` the row as it was, ``v`` its new values). ``fixed`` sets fields
+    to one value on every matched row. ``where`` (SQL on ``r``) fences the write, e.g. to
+    the rows a claim still holds.
     PostgreSQL only: callers on other databases write through the ORM.
     """
     expressions = expressions or {}
@@ -65,7 +67,9 @@ def update_by_id(model, changes, where, where_params, expressions=None, fixed=No
             row += [None if value is _KEEP or special else value, value is not _KEEP and not special, special]
         rows.append(row)
     meta, quote = model._meta, connection.ops.quote_name
-    array_names, array_types = ["id"], [f"{meta.pk.db_type(connection)}[]"]
+    key_field = meta.get_field(key) if key else meta.pk
+    key_type = key_field.target_field.db_type(connection) if key else key_field.db_type(connection)
+    array_names, array_types = ["id"], [f"{key_type}[]"]
     columns = [[row[0] for row in rows]]
     sets = []
     for i, name in enumerate(names):
@@ -88,7 +92,7 @@ def update_by_id(model, changes, where, where_params, expressions=None, fixed=No
     sql = (
         f"UPDATE {quote(meta.db_table)} AS r SET {', '.join(sets)} "
         f"FROM unnest({', '.join(f'%s::{t}' for t in array_types)}) AS v({', '.join(array_names)}) "
-        f"WHERE r.{quote(meta.pk.column)} = v.id AND {where}"
+        f"WHERE r.{quote(key_field.column)} = v.id AND {where}"
     )
     return statements.execute_prepared(sql, [*fixed_params, *columns, *where_params])
 

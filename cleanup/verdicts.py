@@ -218,15 +218,19 @@ class _Changes:
     def __init__(self, now):
         self.now = now
         self.columns = {}  # column -> {value: ([step ids], [row ids])}
-        self.rows = {}  # row id -> {column: value}
+        self.rows = {}  # row id -> {column: value}, for rows not staged with their whole step
+        self.steps = {}  # step id -> {column: value}, for a step's rows that all take the same
 
     def stage(self, group, rows, values_of):
-        by_values = {}
+        by_values, of_row = {}, {}
         for row in rows:
-            values = values_of(row)
-            self.rows[row.pk] = values
+            values = of_row[row.pk] = values_of(row)
             by_values.setdefault(tuple(sorted(values.items())), []).append(row.pk)
         whole = len(by_values) == 1 and len(rows) == len(group.rows)
+        if whole and group.kind == "step":
+            self.steps[group.key] = of_row[rows[0].pk]
+        else:
+            self.rows.update(of_row)
         for values, ids in by_values.items():
             for column, value in values:
                 steps, pks = self.columns.setdefault(column, {}).setdefault(value, ([], []))
@@ -250,21 +254,25 @@ class _Changes:
     def _apply_arrays(self, token):
         """The same write as one UPDATE over arrays of per-row values (`cleanup.sets`)."""
         special = {"__previous__", "__given_back__"}
-        changes = {
-            pk: {column: sets.SPECIAL if value in special else value for column, value in values.items()}
-            for pk, values in self.rows.items()
-        }
-        sets.update_by_id(
-            Resource, changes,
-            where="r.claim_token = %s AND r.state = %s", where_params=[token, ResourceState.REVERTING.value],
-            expressions={
-                # A row never tried stays live; one that failed before stays failed.
-                "state": f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' "
-                         f"ELSE '{ResourceState.FAILED.value}' END",
-                "revert_attempts": "r.revert_attempts - 1",
-            },
-            fixed={"updated_at": self.now},
-        )
+        held = "r.claim_token = %s AND r.state = %s"
+        # By step for the steps whose rows all take the same values (a step's rows but its
+        # leases), by row for the rest: a batch of large groups sends a value per group.
+        for changed, key, where in ((self.steps, "step", f"{held} AND NOT (r.kind = %s)"), (self.rows, None, held)):
+            if not changed:
+                continue
+            marked = {k: {c: sets.SPECIAL if v in special else v for c, v in vs.items()} for k, vs in changed.items()}
+            sets.update_by_id(
+                Resource, marked,
+                where=where, where_params=[token, ResourceState.REVERTING.value, *([LEASE_KIND] if key else [])],
+                expressions={
+                    # A row never tried stays live; one that failed before stays failed.
+                    "state": f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' "
+                             f"ELSE '{ResourceState.FAILED.value}' END",
+                    "revert_attempts": "r.revert_attempts - 1",
+                },
+                fixed={"updated_at": self.now},
+                key=key,
+            )
 
     def _case(self, column, by_value):
         field = Resource._meta.get_field(column)
