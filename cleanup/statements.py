@@ -113,9 +113,30 @@ def in_list(column, values):
 
 
 def where(queryset):
-    """The WHERE clause of a one-table queryset, as SQL and params."""
+    """The WHERE clause of a one-table queryset, as SQL and params.
+
+    On PostgreSQL its constants are written into the SQL as literals, all but the stand-in
+    for "now": a prepared statement is planned once for any value of its parameters, and
+    only a literal lets the planner match a partial index whose predicate names it (the
+    finder's skip scan of ``finder_owing_run_idx``, for one).
+    """
     query = queryset.query
-    return query.get_compiler(connection=connection).compile(query.where)
+    sql, params = query.get_compiler(connection=connection).compile(query.where)
+    if connection.vendor != "postgresql":
+        return sql, tuple(params)
+    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
+    pieces, kept = sql.split("%s"), []
+    if len(pieces) != len(params) + 1:  # a literal "%s" in the clause: leave it as it is
+        return sql, tuple(params)
+    out = [pieces[0]]
+    for param, piece in zip(params, pieces[1:], strict=True):
+        if param == sentinel:
+            out.append("%s")
+            kept.append(param)
+        else:
+            out.append(connection.ops.compose_sql("%s", [param]).replace("%", "%%"))
+        out.append(piece)
+    return "".join(out), tuple(kept)
 
 
 def names():

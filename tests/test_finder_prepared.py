@@ -75,3 +75,43 @@ def settings_of(env, tmp_path):
 def test_database_transaction_pooler_turns_server_side_statements_off(tmp_path):
     assert settings_of({"DATABASE_TRANSACTION_POOLER": "1"}, tmp_path) is True
     assert settings_of({}, tmp_path) is False
+
+
+@pytest.mark.django_db
+def test_the_finders_generic_plan_walks_the_index_of_owing_rows(postgresql_only):
+    """A generic plan cannot match a partial index against a parameter: the rules' constants
+    are literals, so the skip scan reads ``finder_owing_run_idx``, not every row's run id."""
+    import re
+
+    from psycopg import sql as psql
+
+    from cleanup.models import Resource, ResourceState
+
+    # A ledger mostly given back, as the planner would see it on a site with history.
+    for r in range(40):
+        run = make_run(name=f"done {r}")
+        make_rows(make_step(run), [f"orc-{r}-{i}" for i in range(50)], placeholder=False)
+    Resource.objects.update(state=ResourceState.REVERTED)
+    make_rows(make_step(make_run(name="owing")), ["troll-1"])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE cleanup_resource")
+
+    sql, params = statements.finder(connection.alias, 3)
+    values = [*statements.bind(params, timezone.now()), 20]
+    numbered = iter(range(1, len(values) + 1))
+    text = re.sub("%s", lambda _: f"${next(numbered)}", sql)
+    raw = connection.connection
+    with raw.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE finder_plan AS {text}")
+        try:
+            literals = psql.SQL(", ").join(psql.Literal(v) for v in values).as_string(raw)
+            cursor.execute(f"EXPLAIN EXECUTE finder_plan({literals})")
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE finder_plan")
+
+    # The skip scan's first step (the lowest run that owes something) reads the index of
+    # owing rows; a clause of parameters reads the run id index and filters every row.
+    first_scan = re.search(r"Scan using (\w+) on cleanup_resource", plan).group(1)
+    assert first_scan == "finder_owing_run_idx", plan
