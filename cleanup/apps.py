@@ -8,13 +8,16 @@ class CleanupConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.db.backends.signals import connection_created
         from django_q.signals import post_spawn
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .runner import register_builtins
+        from .statements import ready_new_connection
         from .tasks import on_worker_start
 
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)
+        connection_created.connect(ready_new_connection, dispatch_uid="cleanup.ready_new_connection")
         post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
         register_builtins()
 

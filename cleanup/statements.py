@@ -60,13 +60,29 @@ def fetch_prepared(sql, params, rows=True):
 
 def _preparing_connection():
     """The psycopg connection to prepare statements on, or None where that is not done."""
-    if connection.vendor != "postgresql" or connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+    if not _prepares(connection):
         return None
     connection.ensure_connection()
     raw = connection.connection
-    if getattr(raw, "_eventsite_prepares", False):
-        return raw
-    with connection.wrap_database_errors:
+    if not getattr(raw, "_eventsite_prepares", False):
+        _ready(connection)
+    return raw
+
+
+def _prepares(wrapper):
+    return wrapper.vendor == "postgresql" and not wrapper.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+
+
+def ready_new_connection(sender, connection, **kwargs):
+    """``connection_created``: ready a PostgreSQL connection for the prepared statements
+    while it is still in autocommit, so that no rollback undoes the setting."""
+    if _prepares(connection):
+        _ready(connection)
+
+
+def _ready(wrapper):
+    raw = wrapper.connection
+    with wrapper.wrap_database_errors:
         # Django's own cursors bind on the client and never prepare, whatever this says;
         # psycopg prepares nothing at all while it is None (Django's default).
         if raw.prepare_threshold is None:
@@ -74,8 +90,7 @@ def _preparing_connection():
         with raw.cursor() as cursor:
             cursor.execute("SET plan_cache_mode = force_generic_plan")
     # A SET in a transaction that rolls back is undone: it is sent again next time then.
-    raw._eventsite_prepares = not connection.in_atomic_block
-    return raw
+    raw._eventsite_prepares = not wrapper.in_atomic_block
 
 
 # psycopg's own default: a statement run this often is prepared (ours say so at once).

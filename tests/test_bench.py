@@ -85,3 +85,34 @@ def test_it_refuses_to_empty_the_configured_database(monkeypatch):
 
     with pytest.raises(CommandError, match="will not use"):
         bench()
+
+
+@pytest.mark.django_db
+def test_a_finder_that_claims_is_timed_without_leaving_a_trace(monkeypatch):
+    from cleanup.bench import worker
+    from cleanup.models import Resource
+    from tests.fakes import make_rows, make_run, make_step
+
+    rows = make_rows(make_step(make_run()), ["orc-1"], placeholder=False)
+
+    def claiming_finder(now, limit):
+        Resource.objects.filter(pk=rows[0].pk).update(state="reverting")
+        return [rows[0].run_id]
+
+    monkeypatch.setattr(worker, "find_finder", lambda: ("tests.claiming_finder", claiming_finder))
+    timed = worker.time_finder(3)
+
+    assert timed["claims"] is True and timed["ms"] >= 0
+    assert Resource.objects.get(pk=rows[0].pk).state == "live"
+
+
+@pytest.mark.django_db
+def test_a_finder_that_only_reads_is_timed_as_the_sweep_calls_it(monkeypatch):
+    from cleanup.bench import worker
+
+    calls = []
+    monkeypatch.setattr(worker, "find_finder", lambda: ("tests.reader", lambda now, limit: calls.append(now) or []))
+
+    timed = worker.time_finder(3)
+
+    assert timed["claims"] is False and len(calls) == 4  # one to find out, three timed
