@@ -44,7 +44,8 @@ def fetch_prepared(sql, params, rows=True):
     Prepared once per connection (with one generic plan: its shape does not depend on
     the values), it is only executed after that. The cursor goes through Django's wrappers
     like any other (query logging, execute wrappers, error translation). A site behind a
-    transaction-pooling PgBouncer sets ``DISABLE_SERVER_SIDE_CURSORS`` and gets the plain way.
+    transaction-pooling PgBouncer sets ``DISABLE_SERVER_SIDE_CURSORS`` (the site's
+    ``DATABASE_TRANSACTION_POOLER``) and gets the plain way.
     """
     raw = _preparing_connection()
     if raw is None:
@@ -70,7 +71,15 @@ def _preparing_connection():
 
 
 def _prepares(wrapper):
-    return wrapper.vendor == "postgresql" and not wrapper.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    """Prepare on this connection? Not behind a transaction pooler, and not where Django's
+    own cursors bind on the server (``server_side_binding``): there the session setting
+    below would give every ORM query a generic plan too."""
+    settings_dict = wrapper.settings_dict
+    return (
+        wrapper.vendor == "postgresql"
+        and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        and not (settings_dict.get("OPTIONS") or {}).get("server_side_binding")
+    )
 
 
 def ready_new_connection(sender, connection, **kwargs):
@@ -97,6 +106,7 @@ def _ready(wrapper):
 PREPARE_THRESHOLD = 5
 
 
+@functools.cache
 def _prepared_cursor_class():
     import psycopg
 
@@ -108,13 +118,7 @@ def _prepared_cursor_class():
 
 
 def _Prepared(raw):
-    global _PREPARED
-    if _PREPARED is None:
-        _PREPARED = _prepared_cursor_class()
-    return _PREPARED(raw)
-
-
-_PREPARED = None
+    return _prepared_cursor_class()(raw)
 
 
 def in_list(column, values):

@@ -115,3 +115,11 @@ def test_the_finders_generic_plan_walks_the_index_of_owing_rows(postgresql_only)
     # owing rows; a clause of parameters reads the run id index and filters every row.
     first_scan = re.search(r"Scan using (\w+) on cleanup_resource", plan).group(1)
     assert first_scan == "finder_owing_run_idx", plan
+
+
+@pytest.mark.django_db
+def test_a_site_whose_orm_binds_on_the_server_prepares_nothing_of_its_own(postgresql_only, monkeypatch):
+    # There the session's generic plans would reach every ORM query: the sweep stays out of it.
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
+
+    assert statements._prepares(connection) is False
