@@ -21,3 +21,16 @@ def test_the_database_refuses_an_attempt_count_beyond_the_ceiling():
     with pytest.raises(IntegrityError), transaction.atomic():
         Resource.objects.filter(pk=row.pk).update(revert_attempts=ATTEMPTS_CEILING + 1)
     Resource.objects.filter(pk=row.pk).update(revert_attempts=ATTEMPTS_CEILING)
+
+
+@pytest.mark.django_db
+def test_the_ledger_is_vacuumed_after_one_percent_of_its_rows_changed():
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL: autovacuum is a PostgreSQL matter")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname IN ('cleanup_resource', 'cleanup_run')")
+        options = dict(cursor.fetchall())
+    for table in ("cleanup_resource", "cleanup_run"):
+        assert "autovacuum_vacuum_scale_factor=0.01" in options[table], options
