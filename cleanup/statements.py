@@ -51,9 +51,9 @@ def fetch_prepared(sql, params, rows=True):
     if raw is None:
         cursor = connection.cursor()
     elif connection.queries_logged:
-        cursor = connection.make_debug_cursor(_Prepared(raw))
+        cursor = connection.make_debug_cursor(_prepared_cursor_class()(raw))
     else:
-        cursor = connection.make_cursor(_Prepared(raw))
+        cursor = connection.make_cursor(_prepared_cursor_class()(raw))
     with cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if rows else cursor.rowcount
@@ -115,10 +115,6 @@ def _prepared_cursor_class():
             return super().execute(query, params, prepare=True, **kwargs)
 
     return Prepared
-
-
-def _Prepared(raw):
-    return _prepared_cursor_class()(raw)
 
 
 def in_list(column, values):

@@ -213,43 +213,42 @@ def _log_entry(result, rows, now):
 
 
 class _Changes:
-    """The batch's row changes, staged per column and written by one UPDATE of CASEs."""
+    """The batch's row changes: per step for a step whose rows all take the same values,
+    per row for the rest, written by one UPDATE for each of the two."""
 
     def __init__(self, now):
         self.now = now
-        self.columns = {}  # column -> {value: ([step ids], [row ids])}
         self.rows = {}  # row id -> {column: value}, for rows not staged with their whole step
         self.steps = {}  # step id -> {column: value}, for a step's rows that all take the same
 
     def stage(self, group, rows, values_of):
-        by_values, of_row = {}, {}
-        for row in rows:
-            values = of_row[row.pk] = values_of(row)
-            by_values.setdefault(tuple(sorted(values.items())), []).append(row.pk)
-        whole = len(by_values) == 1 and len(rows) == len(group.rows)
-        if whole and group.kind == "step":
+        of_row = {row.pk: values_of(row) for row in rows}
+        same = len({tuple(sorted(values.items())) for values in of_row.values()}) == 1
+        if group.kind == "step" and same and len(rows) == len(group.rows):
             self.steps[group.key] = of_row[rows[0].pk]
         else:
             self.rows.update(of_row)
-        for values, ids in by_values.items():
-            for column, value in values:
-                steps, pks = self.columns.setdefault(column, {}).setdefault(value, ([], []))
-                if whole and group.kind == "step":
-                    steps.append(group.key)
-                else:
-                    pks.extend(ids)
 
     def apply(self, token):
-        if not self.columns:
+        if not (self.steps or self.rows):
             return
         if connection.vendor == "postgresql":
             self._apply_arrays(token)
             return
-        updates = {column: self._case(column, by_value) for column, by_value in self.columns.items()}
+        updates = {column: self._case(column, by_value) for column, by_value in self._columns().items()}
         # The rows still held were locked by this transaction (`_write_rows`): only they
         # carry the token and match a WHEN. `held_by` reads them through the index of
         # claimed rows, not the whole ledger.
         Resource.objects.held_by(token).update(**updates, updated_at=self.now)
+
+    def _columns(self):
+        """``{column: {value: ([step ids], [row ids])}}``, for the ORM's CASEs."""
+        columns = {}
+        for position, staged in ((0, self.steps), (1, self.rows)):
+            for key, values in staged.items():
+                for column, value in values.items():
+                    columns.setdefault(column, {}).setdefault(value, ([], []))[position].append(key)
+        return columns
 
     def _apply_arrays(self, token):
         """The same write as one UPDATE over arrays of per-row values (`cleanup.sets`)."""
