@@ -84,18 +84,26 @@ class RunAdmin(PersonActionsAdmin):
         # Counted per listed run through the partial index of unresolved rows.
         unresolved = (
             Resource.objects.filter(run=OuterRef("pk"), state__in=UNRESOLVED)
-            .order_by().values("run").annotate(n=Count("id")).values("n")
+            .order_by()
+            .values("run")
+            .annotate(n=Count("id"))
+            .values("n")
         )
-        return super().get_queryset(request).annotate(
-            _unresolved=Coalesce(Subquery(unresolved, output_field=IntegerField()), 0)
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(_unresolved=Coalesce(Subquery(unresolved, output_field=IntegerField()), 0))
         )
 
     @admin.display(description="unresolved rows")
     def unresolved(self, obj):
         if not obj._unresolved:
             return 0
-        return format_html('<a href="{}"><strong style="color:#ba2121">{}</strong></a>',
-                           filtered("resource", run__id__exact=obj.pk, needs="unresolved"), obj._unresolved)
+        return format_html(
+            '<a href="{}"><strong style="color:#ba2121">{}</strong></a>',
+            filtered("resource", run__id__exact=obj.pk, needs="unresolved"),
+            obj._unresolved,
+        )
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
@@ -125,8 +133,12 @@ class RunAdmin(PersonActionsAdmin):
             Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("run").order_by("id")[:PAGE_ROWS]
         )
         if len(rows) < PAGE_ROWS:
-            rows += list(Resource.objects.filter(run=run).exclude(state__in=UNRESOLVED)
-                         .select_related("run").order_by("-id")[: PAGE_ROWS - len(rows)])
+            rows += list(
+                Resource.objects.filter(run=run)
+                .exclude(state__in=UNRESOLVED)
+                .select_related("run")
+                .order_by("-id")[: PAGE_ROWS - len(rows)]
+            )
         for row in rows:
             row.attempt_text = attempt_text(row, max_attempts, now)
         mark_waiting(rows, max_attempts)
@@ -183,9 +195,16 @@ class RunAdmin(PersonActionsAdmin):
             self.log_change(request, run, f"Clean up now: {reset} row(s) reset, a pass queued")
         if accepted:
             links = format_html(", ".join(["{}"] * len(accepted)), *[run_link(r.pk, r.name) for r, _ in accepted])
-            self.message_user(request, format_html(
-                "Cleanup queued for {} run(s): {}. Their rows are back under the attempt ceiling; "
-                "each run's page shows the pass's outcome.", len(accepted), links), messages.SUCCESS)
+            self.message_user(
+                request,
+                format_html(
+                    "Cleanup queued for {} run(s): {}. Their rows are back under the attempt ceiling; "
+                    "each run's page shows the pass's outcome.",
+                    len(accepted),
+                    links,
+                ),
+                messages.SUCCESS,
+            )
         if len(runs) == 1:
             return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
         return None
@@ -200,8 +219,12 @@ class RunAdmin(PersonActionsAdmin):
                 refusal = str(exc)
             entry = {"run": run, "refusal": refusal}
             if refusal is None:
-                counts = dict(Resource.objects.filter(run=run, state__in=UNRESOLVED).order_by()
-                              .values_list("state").annotate(n=Count("id")))
+                counts = dict(
+                    Resource.objects.filter(run=run, state__in=UNRESOLVED)
+                    .order_by()
+                    .values_list("state")
+                    .annotate(n=Count("id"))
+                )
                 entry["reset"] = sorted(counts.items())
                 entry["plan"] = cleanup_plan(run, max_rows=PAGE_ROWS)
             preview.append(entry)
@@ -220,8 +243,15 @@ class RunAdmin(PersonActionsAdmin):
         action = "cancel_with_cleanup" if cleanup else "cancel_without_cleanup"
         title = "Cancel and give back" if cleanup else "Cancel and leave for later"
         if "apply" not in request.POST:
-            preview = [{"run": r, "refusal": None if r.status == RunStatus.RUNNING else
-                        f"run {r.pk} has already ended ({r.status}); nothing to cancel"} for r in runs[:PAGE_ROWS]]
+            preview = [
+                {
+                    "run": r,
+                    "refusal": None
+                    if r.status == RunStatus.RUNNING
+                    else f"run {r.pk} has already ended ({r.status}); nothing to cancel",
+                }
+                for r in runs[:PAGE_ROWS]
+            ]
             return self.confirm(request, runs, action, title, preview, cleanup=cleanup)
         done = 0
         for run in runs:
@@ -238,9 +268,15 @@ class RunAdmin(PersonActionsAdmin):
 
     def confirm(self, request, runs, action, title, preview, **extra):
         context = {
-            **self.admin_site.each_context(request), "opts": self.model._meta, "runs": runs, "preview": preview,
-            "more": max(0, len(runs) - len(preview)), "action": action, "title": title,
-            "waiting": WAITING, **extra,
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "runs": runs,
+            "preview": preview,
+            "more": max(0, len(runs) - len(preview)),
+            "action": action,
+            "title": title,
+            "waiting": WAITING,
+            **extra,
         }
         return TemplateResponse(request, "admin/cleanup/run/confirm_action.html", context)
 
@@ -249,8 +285,9 @@ class RunAdmin(PersonActionsAdmin):
 
 
 class WaiveForm(forms.Form):
-    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3}),
-                             help_text="Why these rows need not be given back.")
+    reason = forms.CharField(
+        max_length=500, widget=forms.Textarea(attrs={"rows": 3}), help_text="Why these rows need not be given back."
+    )
 
     def clean_reason(self):
         reason = self.cleaned_data["reason"]
@@ -269,15 +306,48 @@ class ResourceAdmin(PersonActionsAdmin):
     ordering = ["-id"]
     actions = ["waive_rows"]
     fieldsets = [
-        (None, {"fields": ["run_name", "step", "module", "kind", "ref", "member_key", "state", "attempt",
-                           "next_try", "last_error_whole"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "run_name",
+                    "step",
+                    "module",
+                    "kind",
+                    "ref",
+                    "member_key",
+                    "state",
+                    "attempt",
+                    "next_try",
+                    "last_error_whole",
+                ]
+            },
+        ),
         ("Waiver", {"fields": ["waived_reason", "waived_by", "waived_when"]}),
         ("Attempts, newest first", {"fields": ["attempt_history"]}),
         ("Record", {"fields": ["payload", "created", "updated", "resolved", "resurrected_from"]}),
     ]
-    readonly_fields = ["run_name", "step", "module", "kind", "ref", "member_key", "state", "attempt", "next_try",
-                       "last_error_whole", "waived_reason", "waived_by", "waived_when", "attempt_history",
-                       "payload", "created", "updated", "resolved", "resurrected_from"]
+    readonly_fields = [
+        "run_name",
+        "step",
+        "module",
+        "kind",
+        "ref",
+        "member_key",
+        "state",
+        "attempt",
+        "next_try",
+        "last_error_whole",
+        "waived_reason",
+        "waived_by",
+        "waived_when",
+        "attempt_history",
+        "payload",
+        "created",
+        "updated",
+        "resolved",
+        "resurrected_from",
+    ]
 
     def get_fieldsets(self, request, obj=None):
         if obj is not None and obj.state != ResourceState.WAIVED:
@@ -358,12 +428,16 @@ class ResourceAdmin(PersonActionsAdmin):
         if form.is_valid():
             count = waive(rows, form.cleaned_data["reason"], _actor(request))
             for run_id, name in sorted({(r.run_id, r.run.name) for r in rows}):
-                self.log_change(request, Run(pk=run_id, name=name),
-                                f"Waived rows: {form.cleaned_data['reason']}")
+                self.log_change(request, Run(pk=run_id, name=name), f"Waived rows: {form.cleaned_data['reason']}")
             self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
             return None
-        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "rows": rows,
-                   "form": form, "title": "Waive ledger rows"}
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "rows": rows,
+            "form": form,
+            "title": "Waive ledger rows",
+        }
         return TemplateResponse(request, "admin/cleanup/resource/waive.html", context)
 
 
@@ -375,13 +449,21 @@ def history_table(row):
     attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
     if not attempts:
         return "no attempt yet"
-    body = format_html("".join(
-        ["<tr><td>{}</td><td>{}</td><td>{}</td><td><pre style='white-space:pre-wrap;margin:0'>{}</pre></td>"
-         "<td>{}</td></tr>"] * len(attempts)),
-        *[v for a in attempts for v in (a.number, when(a.at), a.outcome, a.error or "-", a.by or "-")])
+    body = format_html(
+        "".join(
+            [
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre style='white-space:pre-wrap;margin:0'>{}</pre></td>"
+                "<td>{}</td></tr>"
+            ]
+            * len(attempts)
+        ),
+        *[v for a in attempts for v in (a.number, when(a.at), a.outcome, a.error or "-", a.by or "-")],
+    )
     return format_html(
         '<table class="attempt-history"><thead><tr><th>#</th><th>at</th><th>outcome</th><th>error</th>'
-        "<th>by</th></tr></thead><tbody>{}</tbody></table>", body)
+        "<th>by</th></tr></thead><tbody>{}</tbody></table>",
+        body,
+    )
 
 
 # -- steps and the log ----------------------------------------------------------------------
@@ -393,8 +475,18 @@ class StepAdmin(ReadOnlyAdmin):
     list_filter = ["status"]
     list_select_related = ["run"]
     ordering = ["run_id", "position"]
-    fields = ["run_name", "position", "action_id", "params", "status", "attempts", "last_error", "started",
-              "finished", "idempotency_key"]
+    fields = [
+        "run_name",
+        "position",
+        "action_id",
+        "params",
+        "status",
+        "attempts",
+        "last_error",
+        "started",
+        "finished",
+        "idempotency_key",
+    ]
     readonly_fields = fields
 
     @admin.display(description="last error")
@@ -444,8 +536,18 @@ class AlertAdmin(ReadOnlyAdmin):
     list_filter = ["event", "channel"]
     list_select_related = ["run"]
     ordering = ["-id"]
-    fields = ["run_name", "module", "event", "channel", "created", "sent", "attempts", "next_attempt_at", "last_error",
-              "payload"]
+    fields = [
+        "run_name",
+        "module",
+        "event",
+        "channel",
+        "created",
+        "sent",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "payload",
+    ]
     readonly_fields = fields
 
     @admin.display(description="created")
@@ -461,5 +563,6 @@ class AlertAdmin(ReadOnlyAdmin):
         if obj.run_id is None:
             return f"module {obj.module}"
         return run_link(obj.run_id, obj.run.name)
+
 
 from . import admin_modules  # noqa: E402, F401  (registers the module pages)

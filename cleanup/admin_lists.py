@@ -55,8 +55,7 @@ def ended_unresolved(rows=None):
 def retrying_q(max_attempts):
     """Unresolved rows the automatic sweep will still try: attempts left, or in hand now."""
     return Q(run__auto_cleanup=True) & (
-        Q(state=ResourceState.REVERTING)
-        | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
+        Q(state=ResourceState.REVERTING) | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
     )
 
 
@@ -74,8 +73,11 @@ def attention(user):
         found["waiting"] = rows.exclude(retrying_q(max_attempts)).count()
         oldest = rows.order_by("created_at", "id").values("id", "created_at").first()
         if oldest:
-            found["oldest"] = {"id": oldest["id"], "at": when(oldest["created_at"]),
-                               "age": ago((timezone.now() - oldest["created_at"]).total_seconds())}
+            found["oldest"] = {
+                "id": oldest["id"],
+                "at": when(oldest["created_at"]),
+                "age": ago((timezone.now() - oldest["created_at"]).total_seconds()),
+            }
     return found
 
 
@@ -158,9 +160,23 @@ class KindFilter(RegistryFilter):
 class LogKindFilter(admin.SimpleListFilter):
     title = "kind"
     parameter_name = "kind"
-    KINDS = ["run.started", "step.performed", "step.failed", "run.completed", "run.cancelled", "run.aborted",
-             "cleanup.retry", "cleanup.swept", "cleanup.reverted", "cleanup.failed", "cleanup.gave_up",
-             "cleanup.recovered", "resource.orphaned", "resource.resurrected", "resource.waived"]
+    KINDS = [
+        "run.started",
+        "step.performed",
+        "step.failed",
+        "run.completed",
+        "run.cancelled",
+        "run.aborted",
+        "cleanup.retry",
+        "cleanup.swept",
+        "cleanup.reverted",
+        "cleanup.failed",
+        "cleanup.gave_up",
+        "cleanup.recovered",
+        "resource.orphaned",
+        "resource.resurrected",
+        "resource.waived",
+    ]
 
     def lookups(self, request, model_admin):
         return [(k, k) for k in self.KINDS]
@@ -235,8 +251,13 @@ def attempt_text(row, max_attempts, now):
 
 def next_attempt(row, max_attempts):
     """When the sweep will try the row again, or None: never for a row that waits for a person."""
-    if (row.state not in CLAIMABLE or not row.retryable or row.revert_attempts >= max_attempts
-            or row.run.status not in TERMINAL or not row.run.auto_cleanup):
+    if (
+        row.state not in CLAIMABLE
+        or not row.retryable
+        or row.revert_attempts >= max_attempts
+        or row.run.status not in TERMINAL
+        or not row.run.auto_cleanup
+    ):
         return None
     return row.next_attempt_at or row.run.ended_at or row.created_at
 

@@ -26,7 +26,8 @@ def _actor(request):
 
 class MarkDownForm(forms.Form):
     reason = forms.CharField(
-        max_length=validation.MAX_REASON, widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=validation.MAX_REASON,
+        widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Why the backend is out (a deploy, a crash): shown beside every row and step that waits.",
     )
 
@@ -44,8 +45,18 @@ class ModuleHealthAdmin(PersonActionsAdmin):
     search_fields = ["module"]
     ordering = ["module"]
     actions = ["mark_down", "mark_up"]
-    fields = ["module", "state_shown", "since", "last_error", "next_probe", "failures_in_row", "changed_by",
-              "gave_up", "updated", "waiting"]
+    fields = [
+        "module",
+        "state_shown",
+        "since",
+        "last_error",
+        "next_probe",
+        "failures_in_row",
+        "changed_by",
+        "gave_up",
+        "updated",
+        "waiting",
+    ]
     readonly_fields = fields
 
     def changelist_view(self, request, extra_context=None):
@@ -91,8 +102,13 @@ class ModuleHealthAdmin(PersonActionsAdmin):
         modules = list(queryset.order_by("module"))
         form = MarkDownForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            context = {**self.admin_site.each_context(request), "opts": self.model._meta, "modules": modules,
-                       "form": form, "title": "Mark modules down"}
+            context = {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "modules": modules,
+                "form": form,
+                "title": "Mark modules down",
+            }
             return TemplateResponse(request, "admin/cleanup/modulehealth/mark_down.html", context)
         reason = form.cleaned_data["reason"]
         changed = [h for h in modules if outages.mark_down(h.module, by=_actor(request), reason=reason)]
@@ -116,8 +132,7 @@ class ModuleHealthAdmin(PersonActionsAdmin):
             self.message_user(request, f"Marked {state}: {names}.", messages.SUCCESS)
         unchanged = [h.module for h in modules if h not in changed]
         if unchanged:
-            self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.",
-                              messages.WARNING)
+            self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.", messages.WARNING)
 
 
 @admin.register(ModuleEvent)

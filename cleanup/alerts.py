@@ -82,12 +82,15 @@ def tell(run_id):
     """Claim one run's transition and write its log entry and outbox; answers the event or None."""
     with transaction.atomic():
         event = None
-        if Run.objects.filter(pk=run_id, cleanup_status=CleanupStatus.INCOMPLETE).exclude(
-            alerted_status=AlertedStatus.GAVE_UP
-        ).update(alerted_status=AlertedStatus.GAVE_UP):
+        if (
+            Run.objects.filter(pk=run_id, cleanup_status=CleanupStatus.INCOMPLETE)
+            .exclude(alerted_status=AlertedStatus.GAVE_UP)
+            .update(alerted_status=AlertedStatus.GAVE_UP)
+        ):
             event = GAVE_UP
         elif Run.objects.filter(
-            pk=run_id, cleanup_status=CleanupStatus.COMPLETE,
+            pk=run_id,
+            cleanup_status=CleanupStatus.COMPLETE,
             alerted_status__in=[AlertedStatus.GAVE_UP, AlertedStatus.RETRIED],
         ).update(alerted_status=AlertedStatus.RECOVERED):
             event = RECOVERED
@@ -126,8 +129,14 @@ def describe(run, event):
         "run": {"id": run.pk, "name": run.name, "status": run.status, "cleanup_status": run.cleanup_status},
         "unresolved_count": unresolved.count(),
         "unresolved": [
-            {"id": r.pk, "kind": r.kind, "ref": r.ref, "state": r.state, "attempts": r.revert_attempts,
-             "last_error": r.last_error}
+            {
+                "id": r.pk,
+                "kind": r.kind,
+                "ref": r.ref,
+                "state": r.state,
+                "attempts": r.revert_attempts,
+                "last_error": r.last_error,
+            }
             for r in rows
         ],
         "url": run_url(run.pk),
@@ -157,8 +166,9 @@ def deliver(limit=SENDS_PER_DELIVER):
             sent += mine.update(sent_at=timezone.now(), claimed_until=None, last_error="")
         else:
             wait = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (alert.attempts - 1))
-            mine.update(claimed_until=None, last_error=error[:2000],
-                        next_attempt_at=timezone.now() + timedelta(seconds=wait))
+            mine.update(
+                claimed_until=None, last_error=error[:2000], next_attempt_at=timezone.now() + timedelta(seconds=wait)
+            )
             logger.warning("alert %s (%s) not delivered, tried again in %s s: %s", alert_id, alert, wait, error)
     return sent
 
@@ -198,12 +208,14 @@ def mail_text(message):
         lead = "Everything the run took is now resolved."
     lines = [lead, ""]
     for row in message["unresolved"]:
-        lines.append(f'- {row["kind"]}:{row["ref"]} ({row["state"]}, {row["attempts"]} attempt(s)): '
-                     f'{row["last_error"] or "no error recorded"}')
+        lines.append(
+            f"- {row['kind']}:{row['ref']} ({row['state']}, {row['attempts']} attempt(s)): "
+            f"{row['last_error'] or 'no error recorded'}"
+        )
     more = message["unresolved_count"] - len(message["unresolved"])
     if more > 0:
         lines.append(f"- and {more} more")
-    lines += ["", f'The run: {message["url"]}']
+    lines += ["", f"The run: {message['url']}"]
     return subject, "\n".join(lines)
 
 
@@ -214,7 +226,8 @@ def notice_modules():
     """Tell every module change not yet told (at most ``RUNS_PER_NOTICE``); answers how many this call claimed."""
     event_ids = list(
         ModuleEvent.objects.filter(alerted_at__isnull=True, kind__in=MODULE_EVENTS)
-        .order_by("id").values_list("id", flat=True)[:RUNS_PER_NOTICE]
+        .order_by("id")
+        .values_list("id", flat=True)[:RUNS_PER_NOTICE]
     )
     return sum(1 for event_id in event_ids if tell_module(event_id))
 
@@ -261,13 +274,22 @@ def module_mail_text(message):
     if message["event"] == MODULE_DOWN:
         subject = f"Module {module} is down: its work waits"
         error = message["error"] or "no error recorded"
-        lead = (f"{module} was marked down by {message['by'] or 'the engine'}: {error}."
-                " Its rows and steps are not attempted, and spend no attempts, until it answers again.")
+        lead = (
+            f"{module} was marked down by {message['by'] or 'the engine'}: {error}."
+            " Its rows and steps are not attempted, and spend no attempts, until it answers again."
+        )
     else:
         minutes = f" after {round(message['down_for_s'] / 60)} min" if message.get("down_for_s") else ""
         subject = f"Module {module} is up again"
-        lead = (f"{module} was marked up by {message['by'] or 'the engine'}{minutes}; its waiting work resumes."
-                f" The last error was: {message['error'] or 'none'}.")
-    lines = [lead, "", f"Unresolved rows of ended runs on {module}: {message['unresolved_rows']}", "",
-             f"Module health: {message['url']}"]
+        lead = (
+            f"{module} was marked up by {message['by'] or 'the engine'}{minutes}; its waiting work resumes."
+            f" The last error was: {message['error'] or 'none'}."
+        )
+    lines = [
+        lead,
+        "",
+        f"Unresolved rows of ended runs on {module}: {message['unresolved_rows']}",
+        "",
+        f"Module health: {message['url']}",
+    ]
     return subject, "\n".join(lines)

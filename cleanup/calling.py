@@ -73,8 +73,14 @@ def call_lease(group, token, deadline=None):
     if outcome.verdict is HANDED_DOWN:
         return Called(group, None, outcome.what, handed_down=True)
     lease, _target = registry.lease_for_ref(group.rows[0].ref)
-    return Called(group, outcome.verdict, outcome.what, running=outcome.running, blamed=outcome.blamed,
-                  module=getattr(lease, "module", None))
+    return Called(
+        group,
+        outcome.verdict,
+        outcome.what,
+        running=outcome.running,
+        blamed=outcome.blamed,
+        module=getattr(lease, "module", None),
+    )
 
 
 def call_groups(groups, deadline=None, health=None):
@@ -123,9 +129,14 @@ def _revert_job(group):
         return Called(group, Verdict(Outcome.DONE), action_id)
     key = _idempotency_key(group)
     return _Job(
-        group, action.module, module_limit(action), action.revert,
+        group,
+        action.module,
+        module_limit(action),
+        action.revert,
         {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
-        calls.budget_under_claim(action), action_id, [r["ref"] for r in resources],
+        calls.budget_under_claim(action),
+        action_id,
+        [r["ref"] for r in resources],
     )
 
 

@@ -35,8 +35,7 @@ def check_engine_settings(app_configs=None, **kwargs):
         if claim_s * 1000 <= budget_s:
             errors.append(
                 checks.Error(
-                    f"EVENT_CLAIM_TIMEOUT_S={claim_s!r} is not longer than "
-                    f"EVENT_DEFAULT_BUDGET_MS={budget_s!r} ms.",
+                    f"EVENT_CLAIM_TIMEOUT_S={claim_s!r} is not longer than EVENT_DEFAULT_BUDGET_MS={budget_s!r} ms.",
                     hint="A claim must outlive the module call it covers, or a second "
                     "sweeper takes the row while the first is still waiting for its answer.",
                     id="cleanup.E003",

@@ -182,17 +182,19 @@ def hand_down(run_id, row, token, choose):
         # same batch waits for its turn in this pass and reads the baseline then.
         held_elsewhere = heir.claim_token != token and heir.claim_expires_at and heir.claim_expires_at > timezone.now()
         if heir.state == ResourceState.REVERTING and held_elsewhere:
-            return Verdict.retry(
-                f"a newer lease on this target (row {heir.pk}) is being restored; try again after it"
-            )
+            return Verdict.retry(f"a newer lease on this target (row {heir.pk}) is being restored; try again after it")
         _pass_baseline(row, [n for n in open_rows if row.pk < n.pk < heir.pk] + [heir])
-        resolved = Resource.objects.held_by(token).filter(pk=row.pk).update(
-            state=ResourceState.REVERTED,
-            claim_token=None,
-            claim_expires_at=None,
-            last_error="",
-            resolved_at=timezone.now(),
-            updated_at=timezone.now(),
+        resolved = (
+            Resource.objects.held_by(token)
+            .filter(pk=row.pk)
+            .update(
+                state=ResourceState.REVERTED,
+                claim_token=None,
+                claim_expires_at=None,
+                last_error="",
+                resolved_at=timezone.now(),
+                updated_at=timezone.now(),
+            )
         )
         if not resolved:
             # Our claim was taken over: leave the other rows as they were.

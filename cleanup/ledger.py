@@ -39,11 +39,7 @@ def record_resources(step, module, resources):
         return []
     now = timezone.now()
     with transaction.atomic():
-        known = set(
-            Resource.objects.filter(step=step)
-            .exclude(kind=STEP_KIND)
-            .values_list("kind", "ref")
-        )
+        known = set(Resource.objects.filter(step=step).exclude(kind=STEP_KIND).values_list("kind", "ref"))
         rows = []
         for item in resources:
             if (item["kind"], item["ref"]) in known:

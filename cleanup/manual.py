@@ -33,19 +33,13 @@ def reset_for_person(run, actor):
     )
     with transaction.atomic():
         ids = list(rows.values_list("id", flat=True))
-        Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(
-            state=ResourceState.LIVE
-        )
+        Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
         cleared = rows.filter(pk__in=ids).update(
             revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
         )
-        Run.objects.filter(pk=run.pk).update(
-            cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now
-        )
+        Run.objects.filter(pk=run.pk).update(cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now)
         # Staff were told it gave up; if it gives up again after this retry, that is news.
-        Run.objects.filter(pk=run.pk, alerted_status=AlertedStatus.GAVE_UP).update(
-            alerted_status=AlertedStatus.RETRIED
-        )
+        Run.objects.filter(pk=run.pk, alerted_status=AlertedStatus.GAVE_UP).update(alerted_status=AlertedStatus.RETRIED)
         RunLog.write(run.pk, "cleanup.retry", resources=cleared, by=actor)
     return cleared
 
@@ -132,7 +126,13 @@ def waive(rows, reason, actor):
     reason = reason.strip()
     also = {"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None}
     waived = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
-        waivable, ResourceState.WAIVED, None, "resource.waived", also=also, reason=reason, by=actor,
+        waivable,
+        ResourceState.WAIVED,
+        None,
+        "resource.waived",
+        also=also,
+        reason=reason,
+        by=actor,
     )
     # A step's placeholder stands for what the step made: once every row the step recorded
     # is resolved, it goes with them rather than wait alone for a person, or for a call
@@ -141,7 +141,13 @@ def waive(rows, reason, actor):
     still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
     placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
     placeholders.resolve_logged(
-        waivable, ResourceState.WAIVED, None, "resource.waived", also=also, reason=reason, by=actor,
+        waivable,
+        ResourceState.WAIVED,
+        None,
+        "resource.waived",
+        also=also,
+        reason=reason,
+        by=actor,
         with_its_step=True,
     )
     for run in Run.objects.filter(pk__in={r.run_id for r in waived}):

@@ -4,7 +4,6 @@ State changes that two workers may race on are conditional UPDATEs on these quer
 the filter says which state the row must still be in, and the row count says who won.
 """
 
-
 from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -74,9 +73,7 @@ LEASE_KIND = "override"
 class Run(models.Model):
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
-    cleanup_status = models.CharField(
-        max_length=16, choices=CleanupStatus.choices, default=CleanupStatus.NOT_REQUIRED
-    )
+    cleanup_status = models.CharField(max_length=16, choices=CleanupStatus.choices, default=CleanupStatus.NOT_REQUIRED)
     # Off after a cancel without cleanup (rule 7): the sweep leaves the run alone until
     # a person asks for its cleanup.
     auto_cleanup = models.BooleanField(default=True)
@@ -212,12 +209,21 @@ class ResourceQuerySet(models.QuerySet):
         with transaction.atomic():
             rows = list(self.select_for_update().filter(condition).order_by("id"))
             Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-                state=state, claim_token=None, claim_expires_at=None,
-                resolved_at=now, updated_at=now, **fields, **(also or {}),
+                state=state,
+                claim_token=None,
+                claim_expires_at=None,
+                resolved_at=now,
+                updated_at=now,
+                **fields,
+                **(also or {}),
             )
             RunLog.objects.bulk_create(
-                RunLog(run_id=row.run_id, kind=log_kind, at=now,
-                       detail={**detail, "resource": f"{row.kind}:{row.ref}", "resource_id": row.pk})
+                RunLog(
+                    run_id=row.run_id,
+                    kind=log_kind,
+                    at=now,
+                    detail={**detail, "resource": f"{row.kind}:{row.ref}", "resource_id": row.pk},
+                )
                 for row in rows
             )
         return rows
@@ -228,9 +234,7 @@ class ResourceQuerySet(models.QuerySet):
 
 class Resource(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resources")
-    step = models.ForeignKey(
-        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="resources"
-    )
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="resources")
     module = models.CharField(max_length=100)
     kind = models.CharField(max_length=100)
     ref = models.CharField(max_length=500)
@@ -240,9 +244,7 @@ class Resource(models.Model):
     # its baseline and applied value, is the engine's: no module sees it).
     action = models.CharField(max_length=200, blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
-    state = models.CharField(
-        max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE
-    )
+    state = models.CharField(max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE)
     revert_attempts = models.PositiveIntegerField(default=0)
     # False after a terminal verdict (no module, `retry: false`): only a person retries it.
     retryable = models.BooleanField(default=True)
@@ -381,8 +383,13 @@ class Attempt(models.Model):
         numbers = numbers or {}
         cls.objects.bulk_create(
             cls(
-                resource_id=r.pk, run_id=r.run_id, number=numbers.get(r.pk, r.revert_attempts),
-                at=at, outcome=outcome, error=error, by=by or "",
+                resource_id=r.pk,
+                run_id=r.run_id,
+                number=numbers.get(r.pk, r.revert_attempts),
+                at=at,
+                outcome=outcome,
+                error=error,
+                by=by or "",
             )
             for r in rows
         )

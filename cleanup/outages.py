@@ -110,16 +110,27 @@ def _mark_down_after_streak(module, now):
         marked = ModuleHealth.objects.filter(
             module=module, state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER")
         ).update(
-            state=ModuleState.DOWN, down_since=now, gave_up_at=None, changed_by="engine",
-            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), updated_at=now,
+            state=ModuleState.DOWN,
+            down_since=now,
+            gave_up_at=None,
+            changed_by="engine",
+            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+            updated_at=now,
         )
         if not marked:
             return False
         health = ModuleHealth.objects.get(module=module)
         forgiven = forgive_streak(health)
         defer_waiting(module, health.next_probe_at)
-        _log(module, "module.down", now, by="engine", error=health.last_error,
-             failures=health.failures_in_row, forgiven=forgiven)
+        _log(
+            module,
+            "module.down",
+            now,
+            by="engine",
+            error=health.last_error,
+            failures=health.failures_in_row,
+            forgiven=forgiven,
+        )
     logger.warning("module %s marked down: %s", module, health.last_error)
     return True
 
@@ -133,9 +144,7 @@ def forgive_streak(health):
     if health.streak_started_at is None:
         return 0
     spent = (
-        Attempt.objects.filter(
-            resource=OuterRef("pk"), outcome=UNAVAILABLE, at__gte=health.streak_started_at
-        )
+        Attempt.objects.filter(resource=OuterRef("pk"), outcome=UNAVAILABLE, at__gte=health.streak_started_at)
         .values("resource")
         .annotate(n=Count("id"))
         .values("n")
@@ -144,8 +153,12 @@ def forgive_streak(health):
     # attempt of its own claim, never these.
     open_states = (*CLAIMABLE, ResourceState.REVERTING)
     rows = Resource.objects.filter(
-        module=health.module, state__in=open_states, retryable=True, revert_attempts__gt=0,
-        attempts__outcome=UNAVAILABLE, attempts__at__gte=health.streak_started_at,
+        module=health.module,
+        state__in=open_states,
+        retryable=True,
+        revert_attempts__gt=0,
+        attempts__outcome=UNAVAILABLE,
+        attempts__at__gte=health.streak_started_at,
     ).distinct()
     ids = list(rows.values_list("id", flat=True))
     if not ids:
@@ -161,9 +174,13 @@ def mark_down(module, *, by, reason="", now=None):
     _health(module)
     with transaction.atomic():
         marked = ModuleHealth.objects.filter(module=module, state=ModuleState.UP).update(
-            state=ModuleState.DOWN, down_since=now, gave_up_at=None, changed_by=by,
+            state=ModuleState.DOWN,
+            down_since=now,
+            gave_up_at=None,
+            changed_by=by,
             last_error=reason or f"marked down by {by}",
-            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), updated_at=now,
+            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+            updated_at=now,
         )
         if marked:
             defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
@@ -182,8 +199,12 @@ def mark_up(module, *, by, now=None):
         if health is None:
             return False
         ModuleHealth.objects.filter(pk=health.pk).update(
-            state=ModuleState.UP, failures_in_row=0, streak_started_at=None, next_probe_at=None,
-            changed_by=by, updated_at=now,
+            state=ModuleState.UP,
+            failures_in_row=0,
+            streak_started_at=None,
+            next_probe_at=None,
+            changed_by=by,
+            updated_at=now,
         )
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
         _log(module, "module.up", now, by=by, down_for_s=down_for, last_error=health.last_error)
@@ -288,8 +309,14 @@ def outages_past_give_up(now=None):
     for health in ModuleHealth.objects.down().filter(down_since__lt=limit, gave_up_at__isnull=True):
         with transaction.atomic():
             if ModuleHealth.objects.filter(pk=health.pk, gave_up_at__isnull=True).update(gave_up_at=now):
-                _log(health.module, "module.gave_up", now, by="engine", error=health.last_error,
-                     down_since=health.down_since.isoformat())
+                _log(
+                    health.module,
+                    "module.gave_up",
+                    now,
+                    by="engine",
+                    error=health.last_error,
+                    down_since=health.down_since.isoformat(),
+                )
                 given_up.append(health)
     return given_up
 
@@ -377,8 +404,11 @@ def row_waits(row, max_attempts):
     Reads ``row.run``: select it with the row.
     """
     return (
-        row.state in CLAIMABLE and row.retryable and row.revert_attempts < max_attempts
-        and row.run.is_terminal and row.run.auto_cleanup
+        row.state in CLAIMABLE
+        and row.retryable
+        and row.revert_attempts < max_attempts
+        and row.run.is_terminal
+        and row.run.auto_cleanup
     )
 
 

@@ -36,8 +36,7 @@ def cleanup_plan(run, *, live=False, max_rows=None):
     for group in _groups(rows):
         verb, problem = _verb(group[0])
         entries = [_row(r, max_attempts, newer, live) for r in group]
-        plan.append({"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer),
-                     "rows": entries})
+        plan.append({"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer), "rows": entries})
     return plan
 
 
@@ -90,7 +89,10 @@ def _newer_leases(run, lease_rows):
         (pk, ref, run_id)
         for pk, ref, run_id, payload in Resource.objects.filter(
             kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED
-        ).exclude(run=run).order_by("id").values_list("id", "ref", "run_id", "payload")
+        )
+        .exclude(run=run)
+        .order_by("id")
+        .values_list("id", "ref", "run_id", "payload")
         if not (isinstance(payload, dict) and payload.get("confirmed") is False)
     ]
     heirs = {}

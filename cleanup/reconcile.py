@@ -68,10 +68,7 @@ def _ask(group):
         budget_ms=calls.budget_of(action),
         what=action_id,
         run_id=group[0].run_id,
-        resources=[
-            {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
-            for r in group
-        ],
+        resources=[{"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key} for r in group],
     )
     reply = calls.classify_reconcile(answer, action_id)
     if not reply.ok:

@@ -153,9 +153,7 @@ def _register(table, entry, kind, required):
     _check_entry(entry, kind, required)
     current = table.get(entry.id)
     if current is not None and current is not entry:
-        raise RegistryError(
-            f"{kind} {entry.id!r} is already registered by module {current.module!r}"
-        )
+        raise RegistryError(f"{kind} {entry.id!r} is already registered by module {current.module!r}")
     table[entry.id] = entry
     return entry
 

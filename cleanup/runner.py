@@ -329,8 +329,10 @@ def advance_run(run_id, deadline=None):
                 continue
             if step.status == StepStatus.RUNNING and step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS"):
                 # The ticker that spent the last attempt died before it had an answer.
-                wake_at = _record_outcome(step, calls.Performed(
-                    ok=False, error="the ticker performing this step stopped before it had an answer"))
+                wake_at = _record_outcome(
+                    step,
+                    calls.Performed(ok=False, error="the ticker performing this step stopped before it had an answer"),
+                )
                 break
             held = outages.hold(_module_of(step), now)
             if held is not None:
@@ -364,8 +366,15 @@ def _wait_for_module(step, until):
     first = Step.objects.filter(pk=step.pk).exclude(last_error__startswith=this_outage).exists()
     Step.objects.filter(pk=step.pk).update(last_error=reason, next_attempt_at=until)
     if first:
-        RunLog.write(step.run_id, "step.waiting", position=step.position, action=step.action_id,
-                     module=getattr(health, "module", None), reason=reason, until=until.isoformat())
+        RunLog.write(
+            step.run_id,
+            "step.waiting",
+            position=step.position,
+            action=step.action_id,
+            module=getattr(health, "module", None),
+            reason=reason,
+            until=until.isoformat(),
+        )
     return until
 
 
@@ -376,8 +385,13 @@ def _wait(step, now):
         Step.objects.filter(pk=step.pk, started_at__isnull=True).update(status=StepStatus.RUNNING, started_at=now)
         step.started_at = now
         if seconds > 0:
-            RunLog.write(step.run_id, "step.waiting", position=step.position, seconds=seconds,
-                         until=(now + timedelta(seconds=seconds)).isoformat())
+            RunLog.write(
+                step.run_id,
+                "step.waiting",
+                position=step.position,
+                seconds=seconds,
+                until=(now + timedelta(seconds=seconds)).isoformat(),
+            )
     until = step.started_at + timedelta(seconds=seconds)
     if until > now:
         return until
@@ -436,8 +450,9 @@ def _perform_lease(step):
         # Read and reserve once per step: a retry after an apply that may have landed
         # must not read the applied value as the baseline.
         reply = calls.classify_reply(
-            outages.call(lease, lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read",
-                         target=target),
+            outages.call(
+                lease, lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read", target=target
+            ),
             f"{lease.id}.read",
             key="value",
         )
@@ -532,10 +547,7 @@ class TickResult:
         return self.advance.full or self.sweep.full
 
     def line(self):
-        return (
-            f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); "
-            + self.sweep.line()
-        )
+        return f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
 
 
 def tick(by="tick"):

@@ -256,9 +256,7 @@ def claim_rows(run_ids, steps, alone, now, max_attempts):
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
     ids_sql, ids_params = in_list(f"{resource}.id", alone)
     steps_sql, steps_params = in_list(f"{resource}.step_id", steps)
-    sql = (
-        f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
-    )
+    sql = f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
     return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
 
 
@@ -282,6 +280,7 @@ def status_counts(run_ids, max_attempts):
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
     return {
         run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
-        for run_id, total, unresolved, retryable in fetch_prepared(sql.replace("{runs}", runs_sql),
-                                                                   [*params, *runs_params])
+        for run_id, total, unresolved, retryable in fetch_prepared(
+            sql.replace("{runs}", runs_sql), [*params, *runs_params]
+        )
     }

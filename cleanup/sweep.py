@@ -79,8 +79,9 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
     return summary
 
 
-def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None,
-              ahead=None):
+def run_batch(
+    run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None, ahead=None
+):
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, more)``.
 
     ``more`` is true when the batch stopped at a bound (groups per run, or the time
@@ -88,8 +89,7 @@ def run_batch(run_ids, *, by, deadline=None, skip_locked=True, limit=None, canar
     more groups than it took.
     """
     health = health or outages.Health()
-    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries,
-                       down=health.down)
+    batch = work.claim(run_ids, uuid.uuid4(), skip_locked=skip_locked, limit=limit, canaries=canaries, down=health.down)
     if batch.more and ahead is not None:
         ahead()
     if not batch.groups:
@@ -173,8 +173,9 @@ def sweep(by="sweep", deadline=None, ahead=None):
         if result.full and ahead is not None:
             ahead()
         try:
-            summaries, more = run_batch(run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries,
-                                        health=health, ahead=ahead)
+            summaries, more = run_batch(
+                run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries, health=health, ahead=ahead
+            )
         except Exception:
             # The claims of a batch that failed expire and are taken again by a later pass.
             logger.exception("cleanup of runs %s failed", run_ids)

@@ -44,8 +44,7 @@ def sweep_task():
     from .sweep import Ahead, sweep
 
     ahead = Ahead(queue_sweep)
-    result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")),
-                   ahead=ahead)
+    result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")), ahead=ahead)
     if result.full:
         ahead()
     notice_staff()

@@ -62,10 +62,12 @@ def svg(run):
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
         'role="img" aria-label="timeline of the run" font-family="sans-serif" font-size="11">',
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
-        _label(4, STEPS_Y + 4, "steps"), _label(4, (CHART_TOP + CHART_BOTTOM) / 2, "rows"),
+        _label(4, STEPS_Y + 4, "steps"),
+        _label(4, (CHART_TOP + CHART_BOTTOM) / 2, "rows"),
         _label(4, CLEANUP_Y + 4, "cleanup"),
         f'<line x1="{LEFT}" y1="{CHART_BOTTOM}" x2="{WIDTH - RIGHT}" y2="{CHART_BOTTOM}" stroke="#999"/>',
-        _label(LEFT - 4, y(top) + 4, str(top), anchor="end"), _label(LEFT - 4, CHART_BOTTOM + 4, "0", anchor="end"),
+        _label(LEFT - 4, y(top) + 4, str(top), anchor="end"),
+        _label(LEFT - 4, CHART_BOTTOM + 4, "0", anchor="end"),
         _steps_path(cuts, taken, x, y, "#205067", "taken"),
         _steps_path(cuts, given, x, y, "#447e36", "given back"),
     ]
@@ -96,56 +98,79 @@ def _steps_path(cuts, values, x, y, color, name):
         if i:
             points.append(f"{x(at):.1f},{y(values[i - 1]):.1f}")
         points.append(f"{x(at):.1f},{y(n):.1f}")
-    return (f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(points)}">'
-            f"<title>{escape(name)}: {values[-1]}</title></polyline>")
+    return (
+        f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(points)}">'
+        f"<title>{escape(name)}: {values[-1]}</title></polyline>"
+    )
 
 
 def _step_marks(run, x):
     marks = []
-    steps = Step.objects.filter(run=run).order_by("position").values_list(
-        "position", "action_id", "status", "finished_at", "started_at", "last_error")[:MARKERS]
+    steps = (
+        Step.objects.filter(run=run)
+        .order_by("position")
+        .values_list("position", "action_id", "status", "finished_at", "started_at", "last_error")[:MARKERS]
+    )
     for position, action_id, status, finished, started, error in steps:
         at = finished or started
         if at is None:
             continue
         color = "#ba2121" if status == "failed" else "#205067"
         text = f"step {position} {action_id}: {status} at {_t(at)}" + (f" ({error[:200]})" if error else "")
-        marks.append(f'<circle cx="{x(at):.1f}" cy="{STEPS_Y}" r="5" fill="{color}"><title>{escape(text)}</title>'
-                     "</circle>")
+        marks.append(
+            f'<circle cx="{x(at):.1f}" cy="{STEPS_Y}" r="5" fill="{color}"><title>{escape(text)}</title></circle>'
+        )
     return marks
 
 
 def _log_marks(run, x):
     marks = []
-    entries = RunLog.objects.filter(run=run, kind__in=list(MARKED)).order_by("-id").values_list(
-        "kind", "at", "detail")[:MARKERS]
+    entries = (
+        RunLog.objects.filter(run=run, kind__in=list(MARKED))
+        .order_by("-id")
+        .values_list("kind", "at", "detail")[:MARKERS]
+    )
     for kind, at, detail in entries:
         name, color = MARKED[kind]
         error = detail.get("error", "") if isinstance(detail, dict) else ""
         text = f"{name} at {_t(at)}" + (f": {error[:200]}" if error else "")
         cx = x(at)
         if kind == "cleanup.failed":
-            marks.append(f'<path d="M{cx - 4:.1f},{CLEANUP_Y - 4} l8,8 m0,-8 l-8,8" stroke="{color}" '
-                         f'stroke-width="2"><title>{escape(text)}</title></path>')
+            marks.append(
+                f'<path d="M{cx - 4:.1f},{CLEANUP_Y - 4} l8,8 m0,-8 l-8,8" stroke="{color}" '
+                f'stroke-width="2"><title>{escape(text)}</title></path>'
+            )
         elif kind == "cleanup.retry":
-            marks.append(f'<path d="M{cx:.1f},{CLEANUP_Y - 6} l6,10 l-12,0 z" fill="{color}">'
-                         f"<title>{escape(text)}</title></path>")
+            marks.append(
+                f'<path d="M{cx:.1f},{CLEANUP_Y - 6} l6,10 l-12,0 z" fill="{color}">'
+                f"<title>{escape(text)}</title></path>"
+            )
         elif kind.startswith("run."):
-            marks.append(f'<line x1="{cx:.1f}" y1="{CHART_TOP - 6}" x2="{cx:.1f}" y2="{CHART_BOTTOM}" '
-                         f'stroke="{color}" stroke-dasharray="3,3"><title>{escape(text)}</title></line>')
+            marks.append(
+                f'<line x1="{cx:.1f}" y1="{CHART_TOP - 6}" x2="{cx:.1f}" y2="{CHART_BOTTOM}" '
+                f'stroke="{color}" stroke-dasharray="3,3"><title>{escape(text)}</title></line>'
+            )
         else:
             marks.append(_bar(cx, color, text))
     return marks
 
 
 def _bar(cx, color, text):
-    return (f'<rect x="{cx - 2:.1f}" y="{CHART_TOP - 6}" width="4" height="{CLEANUP_Y + 8 - CHART_TOP}" '
-            f'fill="{color}"><title>{escape(text)}</title></rect>')
+    return (
+        f'<rect x="{cx - 2:.1f}" y="{CHART_TOP - 6}" width="4" height="{CLEANUP_Y + 8 - CHART_TOP}" '
+        f'fill="{color}"><title>{escape(text)}</title></rect>'
+    )
 
 
 def _legend():
-    items = [("#205067", "taken"), ("#447e36", "given back / completed"), ("#ba2121", "failed attempt"),
-             ("#205067", "retry (triangle)"), ("#e07000", "gave up"), ("#666", "run ended (dashed)")]
+    items = [
+        ("#205067", "taken"),
+        ("#447e36", "given back / completed"),
+        ("#ba2121", "failed attempt"),
+        ("#205067", "retry (triangle)"),
+        ("#e07000", "gave up"),
+        ("#666", "run ended (dashed)"),
+    ]
     out, cx = [], LEFT
     for color, text in items:
         out.append(f'<rect x="{cx}" y="{HEIGHT - 14}" width="10" height="10" fill="{color}"/>')

@@ -131,9 +131,16 @@ def _attempts(result, held, now, by):
         elif result.blamed is not None and verdict.outcome != Outcome.DONE:
             outcome = "unavailable"  # counted; forgiven if the module is found down after it
         if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
-            outcome, error = "failed", f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
-        yield Attempt(resource_id=row.pk, run_id=row.run_id, number=row.revert_attempts, at=now,
-                      outcome=outcome, error=error, by=by or "")
+            outcome, error = "failed", f"{result.what} could not give back {', '.join(sorted(verdict.failed))}"
+        yield Attempt(
+            resource_id=row.pk,
+            run_id=row.run_id,
+            number=row.revert_attempts,
+            at=now,
+            outcome=outcome,
+            error=error,
+            by=by or "",
+        )
 
 
 def _one(result, held, changes, summary, now):
@@ -167,9 +174,13 @@ def _values(result, row, summary, now):
     if verdict.outcome == Outcome.DONE:
         if row.ref in verdict.failed and row.kind != STEP_KIND:
             summary.failed += 1
-            error = f'{result.what} could not give back {", ".join(sorted(verdict.failed))}'
-            return {"state": ResourceState.FAILED, "last_error": error, "next_attempt_at": _retry_at(row, now),
-                    **release}
+            error = f"{result.what} could not give back {', '.join(sorted(verdict.failed))}"
+            return {
+                "state": ResourceState.FAILED,
+                "last_error": error,
+                "next_attempt_at": _retry_at(row, now),
+                **release,
+            }
         summary.reverted += 1
         return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **release}
     if result.waited is not None and verdict.outcome == Outcome.RETRY:
@@ -177,8 +188,13 @@ def _values(result, row, summary, now):
         # attempt is given back and the row waits for the module (`cleanup.outages`).
         if result.running is not None:  # still held while the call runs, as below
             release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
-        return {"state": ResourceState.FAILED, "revert_attempts": "__given_back__", "last_error": verdict.error,
-                "next_attempt_at": result.waited, **release}
+        return {
+            "state": ResourceState.FAILED,
+            "revert_attempts": "__given_back__",
+            "last_error": verdict.error,
+            "next_attempt_at": result.waited,
+            **release,
+        }
     if verdict.outcome == Outcome.DRIFTED:
         summary.drifted += 1
         return {"state": ResourceState.DRIFTED, "last_error": verdict.error, **release}
@@ -189,8 +205,12 @@ def _values(result, row, summary, now):
         # The call is still running: its rows stay held (renewed by `cleanup.calling`)
         # until it ends, so it is never retried while it may still act.
         release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
-    return {"state": ResourceState.FAILED, "last_error": verdict.error, "next_attempt_at": _retry_at(row, now),
-            **release}
+    return {
+        "state": ResourceState.FAILED,
+        "last_error": verdict.error,
+        "next_attempt_at": _retry_at(row, now),
+        **release,
+    }
 
 
 def _retry_at(row, now):
@@ -261,12 +281,14 @@ class _Changes:
                 continue
             marked = {k: {c: sets.SPECIAL if v in special else v for c, v in vs.items()} for k, vs in changed.items()}
             sets.update_by_id(
-                Resource, marked,
-                where=where, where_params=[token, ResourceState.REVERTING.value, *([LEASE_KIND] if key else [])],
+                Resource,
+                marked,
+                where=where,
+                where_params=[token, ResourceState.REVERTING.value, *([LEASE_KIND] if key else [])],
                 expressions={
                     # A row never tried stays live; one that failed before stays failed.
                     "state": f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' "
-                             f"ELSE '{ResourceState.FAILED.value}' END",
+                    f"ELSE '{ResourceState.FAILED.value}' END",
                     "revert_attempts": "r.revert_attempts - 1",
                 },
                 fixed={"updated_at": self.now},

@@ -68,8 +68,7 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set it in the environment (DEBUG=1 allows a throwaway "
-            "key for local work)."
+            "SECRET_KEY is not set. Set it in the environment (DEBUG=1 allows a throwaway key for local work)."
         )
     SECRET_KEY = "insecure-local-only-" + "x" * 40
 

@@ -21,13 +21,23 @@ class Demo:
     def __init__(self, var_dir, story):
         self.web, self.shard = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.web}"
-        env = {**os.environ, "DEMO_STORY": "1" if story else "0", "DEMO_WEB_PORT": str(self.web),
-               "DEMO_SHARD_PORT": str(self.shard), "EVENTSITE_VAR_DIR": str(var_dir)}
+        env = {
+            **os.environ,
+            "DEMO_STORY": "1" if story else "0",
+            "DEMO_WEB_PORT": str(self.web),
+            "DEMO_SHARD_PORT": str(self.shard),
+            "EVENTSITE_VAR_DIR": str(var_dir),
+        }
         env.pop("DATABASE_URL", None)
         self.lines = []
         self.process = subprocess.Popen(
-            ["make", "-s", "demo"], cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            ["make", "-s", "demo"],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
 
     def read_until(self, marker, seconds):

@@ -34,8 +34,9 @@ class Scripted:
 
 
 class FakeAction(registry.Action):
-    def __init__(self, id="test.spawn", module="test", revert=None, reconcile=None,
-                 perform=None, validate=None, budget_ms=None):
+    def __init__(
+        self, id="test.spawn", module="test", revert=None, reconcile=None, perform=None, validate=None, budget_ms=None
+    ):
         self.id = id
         self.module = module
         self.budget_ms = budget_ms
@@ -103,25 +104,37 @@ def make_rows(step, refs, module="test", kind="creature", placeholder=True):
     if placeholder:
         rows.append(
             Resource.objects.create(
-                run_id=step.run_id, step=step, module=module, kind=STEP_KIND,
-                ref=step.idempotency_key, action=step.action_id,
+                run_id=step.run_id,
+                step=step,
+                module=module,
+                kind=STEP_KIND,
+                ref=step.idempotency_key,
+                action=step.action_id,
             )
         )
     for ref in refs:
         rows.append(
             Resource.objects.create(
-                run_id=step.run_id, step=step, module=module, kind=kind, ref=ref, action=step.action_id,
+                run_id=step.run_id,
+                step=step,
+                module=module,
+                kind=kind,
+                ref=ref,
+                action=step.action_id,
             )
         )
     return rows
 
 
-def make_lease_row(run, lease_id="test.rate", target="camp", baseline=1, applied=5,
-                   module="test", step=None):
+def make_lease_row(run, lease_id="test.rate", target="camp", baseline=1, applied=5, module="test", step=None):
     return Resource.objects.create(
-        run=run, step=step, module=module, kind=LEASE_KIND,
+        run=run,
+        step=step,
+        module=module,
+        kind=LEASE_KIND,
         ref=registry.lease_ref(lease_id, target),
-        action="core.lease", payload={"baseline": baseline, "applied": applied},
+        action="core.lease",
+        payload={"baseline": baseline, "applied": applied},
     )
 
 

@@ -39,7 +39,8 @@ def test_the_run_page_shows_the_ledger_with_its_errors(client, failed_run):
 
 
 def test_it_confirms_clean_up_now_showing_the_reset_and_the_pass_then_gives_back(
-        client, failed_run, django_capture_on_commit_callbacks):
+    client, failed_run, django_capture_on_commit_callbacks
+):
     client.force_login(staff("view_run", "change_run", "cleanup_run"))
     url = reverse("admin:cleanup_run_changelist")
     asked = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk]})
@@ -65,8 +66,7 @@ def test_it_changes_nothing_and_says_so_when_the_run_owes_nothing(client, failed
     url = reverse("admin:cleanup_run_changelist")
     asked = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk]})
     assert b"Nothing will change" in asked.content and b"owes nothing" in asked.content
-    response = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk], "apply": "1"},
-                           follow=True)
+    response = client.post(url, {"action": "clean_up", "_selected_action": [failed_run.pk], "apply": "1"}, follow=True)
     shown = [str(m) for m in response.context["messages"]]
     assert any("owes nothing" in m for m in shown), shown
     assert not failed_run.log.filter(kind="cleanup.retry").exists()
@@ -79,12 +79,20 @@ def test_the_actions_need_their_permissions(client, failed_run):
     assert b"clean_up" not in page.content and b"cancel_with_cleanup" not in page.content
     assert b"clean-up-now" not in client.get(reverse("admin:cleanup_run_change", args=[failed_run.pk])).content
     for action in ("clean_up", "cancel_with_cleanup"):
-        asked = client.post(reverse("admin:cleanup_run_changelist"),
-                            {"action": action, "_selected_action": [failed_run.pk], "apply": "1"})
+        asked = client.post(
+            reverse("admin:cleanup_run_changelist"),
+            {"action": action, "_selected_action": [failed_run.pk], "apply": "1"},
+        )
         assert b"Confirm" not in asked.content
-    client.post(reverse("admin:cleanup_resource_changelist"),
-                {"action": "waive_rows", "_selected_action": list(Resource.objects.values_list("pk", flat=True)),
-                 "apply": "1", "reason": "no"})
+    client.post(
+        reverse("admin:cleanup_resource_changelist"),
+        {
+            "action": "waive_rows",
+            "_selected_action": list(Resource.objects.values_list("pk", flat=True)),
+            "apply": "1",
+            "reason": "no",
+        },
+    )
     assert states(failed_run) == {"orc-1": "failed"}
     assert not failed_run.log.exclude(kind__startswith="run.").exists()
 
@@ -99,8 +107,10 @@ def test_waive_asks_for_a_reason_then_resolves_by_hand_and_logs_who_and_why(clie
     assert states(failed_run) == {"orc-1": "failed"}, "waived before a reason was given"
     blank = client.post(url, {"action": "waive_rows", "_selected_action": selected, "apply": "1", "reason": "  "})
     assert b"errorlist" in blank.content and states(failed_run) == {"orc-1": "failed"}
-    client.post(url, {"action": "waive_rows", "_selected_action": selected, "apply": "1",
-                      "reason": "the orc became a quest giver"})
+    client.post(
+        url,
+        {"action": "waive_rows", "_selected_action": selected, "apply": "1", "reason": "the orc became a quest giver"},
+    )
 
     assert states(failed_run) == {"orc-1": "waived"}
     waived = failed_run.log.get(kind="resource.waived")
@@ -148,8 +158,10 @@ def test_run_and_row_pages_are_read_only(client, failed_run):
     user = User.objects.create_superuser("root", password="pw-123456789")
     client.force_login(user)
     row = Resource.objects.get()
-    for url in (reverse("admin:cleanup_run_change", args=[failed_run.pk]),
-                reverse("admin:cleanup_resource_change", args=[row.pk])):
+    for url in (
+        reverse("admin:cleanup_run_change", args=[failed_run.pk]),
+        reverse("admin:cleanup_resource_change", args=[row.pk]),
+    ):
         page = client.get(url)
         assert page.status_code == 200 and b'name="_save"' not in page.content
         assert client.post(url, {"name": "renamed", "state": "reverted"}).status_code == 403

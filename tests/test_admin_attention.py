@@ -29,12 +29,16 @@ def ledger():
     running = make_run(status=RunStatus.RUNNING, name="festival")
     old = timezone.now() - timedelta(hours=5)
     return {
-        "ceiling": row(gave_up, "wolf-at-ceiling", state="failed", revert_attempts=3, last_error="503",
-                       created_at=old),
+        "ceiling": row(gave_up, "wolf-at-ceiling", state="failed", revert_attempts=3, last_error="503", created_at=old),
         "terminal": row(gave_up, "wolf-not-retryable", state="failed", revert_attempts=1, retryable=False),
         "drifted": row(gave_up, "rate-drifted", state="drifted", revert_attempts=1),
-        "retrying": row(pending, "orc-retrying", state="failed", revert_attempts=1,
-                        next_attempt_at=timezone.now() + timedelta(seconds=40)),
+        "retrying": row(
+            pending,
+            "orc-retrying",
+            state="failed",
+            revert_attempts=1,
+            next_attempt_at=timezone.now() + timedelta(seconds=40),
+        ),
         "fresh": row(pending, "orc-fresh"),
         "resolved": row(pending, "orc-given-back", state="reverted", revert_attempts=1),
         "in_flight": row(running, "orc-of-a-running-run"),

@@ -55,8 +55,9 @@ def test_a_filter_without_a_nul_still_filters(admin_client, ledger):
 @pytest.mark.parametrize("selected", ["abc", "99999999999999999999999", "-99999999999999999999999", "1%00", "", "1.5"])
 def test_an_action_on_a_selection_that_is_not_an_id_is_refused_with_a_message(admin_client, ledger, selected):
     body = f"action=clean_up&index=0&_selected_action={selected}"
-    response = admin_client.generic("POST", f"{RUNS}?status=aborted", body,
-                                    content_type="application/x-www-form-urlencoded")
+    response = admin_client.generic(
+        "POST", f"{RUNS}?status=aborted", body, content_type="application/x-www-form-urlencoded"
+    )
     assert response.status_code == 302 and response["Location"] == f"{RUNS}?status=aborted"
     (message,) = said(response)
     assert message.startswith("The selection was not applied:") and "is not the id of a run" in message
@@ -64,15 +65,17 @@ def test_an_action_on_a_selection_that_is_not_an_id_is_refused_with_a_message(ad
 
 
 def test_an_action_on_real_ids_still_runs(admin_client, ledger):
-    response = admin_client.post(RUNS, {"action": "clean_up", "index": 0, "_selected_action": [str(ledger.pk)],
-                                        "apply": "1"})  # "Clean up now" is confirmed on a page of its own
+    response = admin_client.post(
+        RUNS, {"action": "clean_up", "index": 0, "_selected_action": [str(ledger.pk)], "apply": "1"}
+    )  # "Clean up now" is confirmed on a page of its own
     assert response.status_code == 302
     assert ledger.log.filter(kind="cleanup.retry").exists()
 
 
 def test_a_bad_selection_among_good_ones_applies_nothing(admin_client, ledger):
     other = make_run(status=RunStatus.ABORTED)
-    response = admin_client.post(RUNS, {"action": "clean_up", "index": 0,
-                                        "_selected_action": [str(ledger.pk), "x", str(other.pk)]})
+    response = admin_client.post(
+        RUNS, {"action": "clean_up", "index": 0, "_selected_action": [str(ledger.pk), "x", str(other.pk)]}
+    )
     assert response.status_code == 302
     assert not Run.objects.get(pk=ledger.pk).log.filter(kind="cleanup.retry").exists()

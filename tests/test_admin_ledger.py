@@ -33,10 +33,23 @@ def ledger():
     gave_up = make_run(status=RunStatus.ABORTED, name="wolf hunt", cleanup_status="incomplete")
     pending = make_run(status=RunStatus.COMPLETED, name="orc raid", cleanup_status="pending")
     return {
-        "ceiling": row(gave_up, "wolf-1", state="failed", revert_attempts=3, next_attempt_at=NOW + timedelta(hours=1),
-                       last_error="<script>alert(1)</script> the shard said 503 " + "x" * 300),
-        "retrying": row(pending, "orc-1", module="sandbox", state="failed", revert_attempts=1,
-                        next_attempt_at=NOW + timedelta(seconds=40), last_error="timed out"),
+        "ceiling": row(
+            gave_up,
+            "wolf-1",
+            state="failed",
+            revert_attempts=3,
+            next_attempt_at=NOW + timedelta(hours=1),
+            last_error="<script>alert(1)</script> the shard said 503 " + "x" * 300,
+        ),
+        "retrying": row(
+            pending,
+            "orc-1",
+            module="sandbox",
+            state="failed",
+            revert_attempts=1,
+            next_attempt_at=NOW + timedelta(seconds=40),
+            last_error="timed out",
+        ),
         "lease": make_lease_row(pending),
         "done": row(pending, "orc-2", state="reverted", revert_attempts=1),
     }
@@ -51,8 +64,9 @@ def staffer(client):
 def field(page, name):
     """The shown value of a read-only field on an admin page."""
     # A field alone on its line is its row; one of several is a "fieldBox".
-    match = (re.search(rf'fieldBox field-{name}\b.*?<div class="readonly">(.*?)</div>', page, re.S)
-             or re.search(rf'form-row field-{name}".*?<div class="readonly">(.*?)</div>', page, re.S))
+    match = re.search(rf'fieldBox field-{name}\b.*?<div class="readonly">(.*?)</div>', page, re.S) or re.search(
+        rf'form-row field-{name}".*?<div class="readonly">(.*?)</div>', page, re.S
+    )
     assert match, f"no field {name} on the page"
     return match[1]
 
@@ -75,16 +89,19 @@ def test_the_list_shows_state_attempts_error_ref_and_run_first(staffer, ledger):
     assert f'<a href="{reverse("admin:cleanup_run_change", args=[ledger["ceiling"].run_id])}">#' in page
 
 
-@pytest.mark.parametrize("query, refs", [
-    ("?needs=unresolved", {"wolf-1", "orc-1", "test.rate#camp"}),
-    ("?needs=retrying", {"orc-1", "test.rate#camp"}),
-    ("?needs=waiting", {"wolf-1"}),
-    ("?state__exact=reverted", {"orc-2"}),
-    ("?module=sandbox", {"orc-1"}),
-    ("?kind=override", {"test.rate#camp"}),
-    ("?run__cleanup_status__exact=incomplete", {"wolf-1"}),
-    ("?q=orc-", {"orc-1", "orc-2"}),
-])
+@pytest.mark.parametrize(
+    "query, refs",
+    [
+        ("?needs=unresolved", {"wolf-1", "orc-1", "test.rate#camp"}),
+        ("?needs=retrying", {"orc-1", "test.rate#camp"}),
+        ("?needs=waiting", {"wolf-1"}),
+        ("?state__exact=reverted", {"orc-2"}),
+        ("?module=sandbox", {"orc-1"}),
+        ("?kind=override", {"test.rate#camp"}),
+        ("?run__cleanup_status__exact=incomplete", {"wolf-1"}),
+        ("?q=orc-", {"orc-1", "orc-2"}),
+    ],
+)
 def test_the_filters_and_the_search_narrow_the_ledger(staffer, ledger, query, refs):
     assert listed(staffer, query) == refs
 
@@ -104,8 +121,15 @@ def test_the_list_never_counts_or_distincts_the_whole_ledger(staffer, ledger):
 def test_a_rows_page_shows_every_attempts_error_newest_first_and_no_next_attempt_at_the_ceiling(staffer, ledger):
     r = ledger["ceiling"]
     for number, error in [(1, "connection refused"), (2, "timed out"), (3, "the shard said 503")]:
-        Attempt.objects.create(resource=r, run_id=r.run_id, number=number, outcome="retry", error=error,
-                               at=NOW - timedelta(minutes=10 - number), by="sweep")
+        Attempt.objects.create(
+            resource=r,
+            run_id=r.run_id,
+            number=number,
+            outcome="retry",
+            error=error,
+            at=NOW - timedelta(minutes=10 - number),
+            by="sweep",
+        )
     page = staffer.get(reverse("admin:cleanup_resource_change", args=[r.pk])).content.decode()
     history = page.split('class="attempt-history"')[1]
     assert history.index("the shard said 503") < history.index("timed out") < history.index("connection refused")

@@ -56,16 +56,18 @@ def test_mark_down_asks_for_a_reason_then_marks_it_down_and_records_who(client, 
     assert asked.status_code == 200 and b'name="reason"' in asked.content and b'name="apply"' in asked.content
     assert ModuleHealth.objects.get(pk=pk).state == "up", "marked down before it was confirmed"
 
-    blank = client.post(reverse(CHANGELIST), {"action": "mark_down", "_selected_action": [pk], "apply": "1",
-                                             "reason": "  "})
+    blank = client.post(
+        reverse(CHANGELIST), {"action": "mark_down", "_selected_action": [pk], "apply": "1", "reason": "  "}
+    )
     assert blank.status_code == 200 and ModuleHealth.objects.get(pk=pk).state == "up"
 
-    done = client.post(reverse(CHANGELIST), {"action": "mark_down", "_selected_action": [pk], "apply": "1",
-                                            "reason": "the shard is being redeployed"})
+    done = client.post(
+        reverse(CHANGELIST),
+        {"action": "mark_down", "_selected_action": [pk], "apply": "1", "reason": "the shard is being redeployed"},
+    )
     assert done.status_code == 302
     health = ModuleHealth.objects.get(pk=pk)
-    assert (health.state, health.last_error, health.changed_by) == ("down", "the shard is being redeployed",
-                                                                     "staffer")
+    assert (health.state, health.last_error, health.changed_by) == ("down", "the shard is being redeployed", "staffer")
     event = ModuleEvent.objects.get(module=module)
     assert (event.kind, event.detail["by"]) == ("module.down", "staffer")
     entry = LogEntry.objects.get(object_id=str(pk))
@@ -80,7 +82,9 @@ def test_mark_up_marks_it_up_logs_it_and_says_when_nothing_changed(client, modul
     assert ModuleHealth.objects.get(pk=pk).state == "up"
     assert "Marked up: test" in response.content.decode()
     assert list(ModuleEvent.objects.filter(module=module).order_by("id").values_list("kind", flat=True)) == [
-        "module.down", "module.up"]
+        "module.down",
+        "module.up",
+    ]
     assert LogEntry.objects.get(object_id=str(pk)).change_message == "Marked up"
 
     again = client.post(reverse(CHANGELIST), {"action": "mark_up", "_selected_action": [pk]}, follow=True)
@@ -93,8 +97,7 @@ def test_marking_needs_the_cleanup_run_permission(client, module):
     pk = health_pk(module)
     page = client.get(reverse(CHANGELIST)).content.decode()
     assert "mark_down" not in page and "mark_up" not in page
-    client.post(reverse(CHANGELIST), {"action": "mark_down", "_selected_action": [pk], "apply": "1",
-                                      "reason": "x"})
+    client.post(reverse(CHANGELIST), {"action": "mark_down", "_selected_action": [pk], "apply": "1", "reason": "x"})
     assert ModuleHealth.objects.get(pk=pk).state == "up"
     assert not ModuleEvent.objects.exists()
 

@@ -27,10 +27,17 @@ def big_run(rows, log_entries, steps=20):
     run = make_run(status=RunStatus.ABORTED, name=f"big {rows}", cleanup_status="incomplete")
     step_objs = [make_step(run, position=i) for i in range(steps)]
     Resource.objects.bulk_create(
-        Resource(run=run, step=step_objs[i % steps], module="test", kind="creature", ref=f"orc-{i}",
-                 state="failed" if i % 10 == 0 else "reverted", revert_attempts=3 if i % 10 == 0 else 1,
-                 last_error="the shard said 503" if i % 10 == 0 else "",
-                 resolved_at=None if i % 10 == 0 else timezone.now())
+        Resource(
+            run=run,
+            step=step_objs[i % steps],
+            module="test",
+            kind="creature",
+            ref=f"orc-{i}",
+            state="failed" if i % 10 == 0 else "reverted",
+            revert_attempts=3 if i % 10 == 0 else 1,
+            last_error="the shard said 503" if i % 10 == 0 else "",
+            resolved_at=None if i % 10 == 0 else timezone.now(),
+        )
         for i in range(rows)
     )
     RunLog.objects.bulk_create(
@@ -104,8 +111,9 @@ def test_the_plan_shows_each_leases_baseline_applied_value_and_what_the_next_pas
 
 def test_steps_beyond_the_cap_are_one_link_away(staffer):
     run = make_run(status=RunStatus.COMPLETED)
-    Step.objects.bulk_create(Step(run=run, position=i, action_id="test.spawn", idempotency_key=f"k-{run.pk}-{i}")
-                             for i in range(120))
+    Step.objects.bulk_create(
+        Step(run=run, position=i, action_id="test.spawn", idempotency_key=f"k-{run.pk}-{i}") for i in range(120)
+    )
     page = staffer.get(reverse("admin:cleanup_run_change", args=[run.pk])).content.decode()
     assert "Showing the first 50" in page
     steps = staffer.get(reverse("admin:cleanup_step_changelist") + f"?run__id__exact={run.pk}")

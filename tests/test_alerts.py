@@ -111,8 +111,9 @@ def test_it_tells_staff_once_by_mail_and_webhook_when_cleanup_gives_up(giving_up
     assert body["url"] == f"https://events.example.com/admin/cleanup/run/{run.pk}/change/"
 
 
-def test_it_tells_staff_again_when_the_cleanup_later_completes(giving_up, receiver, settings,
-                                                                django_capture_on_commit_callbacks):
+def test_it_tells_staff_again_when_the_cleanup_later_completes(
+    giving_up, receiver, settings, django_capture_on_commit_callbacks
+):
     run, revert = giving_up
     settings.EVENT_ALERT_WEBHOOK_URL = receiver.url
     sweep_task()
@@ -130,8 +131,9 @@ def test_it_tells_staff_again_when_the_cleanup_later_completes(giving_up, receiv
     assert len(mail.outbox) == 2
 
 
-def test_a_run_that_gives_up_again_after_a_persons_retry_is_told_again(giving_up, settings,
-                                                                       django_capture_on_commit_callbacks):
+def test_a_run_that_gives_up_again_after_a_persons_retry_is_told_again(
+    giving_up, settings, django_capture_on_commit_callbacks
+):
     run, _ = giving_up
     sweep_task()
     with django_capture_on_commit_callbacks(execute=True):
@@ -154,8 +156,7 @@ def test_a_run_whose_cleanup_simply_completes_tells_nobody(settings):
 
 
 @pytest.mark.parametrize("kind", ["dead", "slow"])
-def test_a_dead_or_slow_webhook_does_not_stop_the_sweep_and_is_tried_again_later(giving_up, receiver, settings,
-                                                                                 kind):
+def test_a_dead_or_slow_webhook_does_not_stop_the_sweep_and_is_tried_again_later(giving_up, receiver, settings, kind):
     run, _ = giving_up
     other = make_run(status=RunStatus.COMPLETED, name="second")
     make_rows(make_step(other), ["wolf-9"])

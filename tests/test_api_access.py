@@ -47,8 +47,12 @@ def endpoints(run, row, running=None):
     """(method, path, body, the permissions it needs) for every endpoint; `running` is cancelled."""
     return [
         ("get", f"{API}runs/", None, ["view_run"]),
-        ("post", f"{API}runs/", {"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1}}]},
-         ["add_run"]),
+        (
+            "post",
+            f"{API}runs/",
+            {"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1}}]},
+            ["add_run"],
+        ),
         ("get", f"{API}runs/{run.pk}/", None, ["view_run"]),
         ("post", f"{API}runs/{(running or run).pk}/cancel/", {}, ["change_run"]),
         ("post", f"{API}runs/{run.pk}/cleanup/", {}, ["cleanup_run"]),
@@ -125,8 +129,9 @@ def test_each_endpoint_needs_its_permission(ended_run):
 
 def test_refused_writes_change_nothing(ended_run):
     client = api_as("view_run", "view_resource")
-    client.post(f"{API}runs/", {"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1}}]},
-                format="json")
+    client.post(
+        f"{API}runs/", {"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1}}]}, format="json"
+    )
     client.post(f"{API}runs/{ended_run.pk}/cleanup/", format="json")
     client.post(f"{API}resources/{Resource.objects.get().pk}/waive/", {"reason": "x"}, format="json")
     assert Run.objects.count() == 1

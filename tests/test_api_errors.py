@@ -39,15 +39,24 @@ def assert_json_error(response, status):
 def endpoints(run):
     row = Resource.objects.first()
     return [
-        f"{API}runs/", f"{API}runs/{run.pk}/", f"{API}runs/{run.pk}/cancel/", f"{API}runs/{run.pk}/cleanup/",
-        f"{API}runs/{run.pk}/cleanup-plan/", f"{API}runs/{run.pk}/resources/", f"{API}runs/{run.pk}/log/",
-        f"{API}resources/", f"{API}resources/{row.pk}/", f"{API}resources/{row.pk}/waive/",
-        f"{API}modules/test/reconcile/", f"{API}summary/",
+        f"{API}runs/",
+        f"{API}runs/{run.pk}/",
+        f"{API}runs/{run.pk}/cancel/",
+        f"{API}runs/{run.pk}/cleanup/",
+        f"{API}runs/{run.pk}/cleanup-plan/",
+        f"{API}runs/{run.pk}/resources/",
+        f"{API}runs/{run.pk}/log/",
+        f"{API}resources/",
+        f"{API}resources/{row.pk}/",
+        f"{API}resources/{row.pk}/waive/",
+        f"{API}modules/test/reconcile/",
+        f"{API}summary/",
     ]
 
 
-@pytest.mark.parametrize("method", ["DISPATCH", "LIST", "INITIAL", "RETRIEVE", "GET_QUERYSET", "PUT", "PATCH",
-                                    "DELETE", "FROB"])
+@pytest.mark.parametrize(
+    "method", ["DISPATCH", "LIST", "INITIAL", "RETRIEVE", "GET_QUERYSET", "PUT", "PATCH", "DELETE", "FROB"]
+)
 def test_it_answers_405_to_a_method_no_endpoint_has(api, run, method):
     for path in endpoints(run):
         response = api.generic(method, path)
@@ -68,22 +77,30 @@ def test_it_names_params_nested_past_the_engines_limit(api):
     params = 1
     for _ in range(40):
         params = {"a": params}
-    body = assert_json_error(api.post(f"{API}runs/", {"name": "raid", "steps": [
-        {"action": "core.wait", "params": params}]}, format="json"), 400)
-    (field, messages), = body.items()
+    body = assert_json_error(
+        api.post(f"{API}runs/", {"name": "raid", "steps": [{"action": "core.wait", "params": params}]}, format="json"),
+        400,
+    )
+    ((field, messages),) = body.items()
     assert field == "steps[0].params" + ".a" * 32 and messages == ["nests deeper than 32 levels"]
 
 
 @pytest.mark.parametrize(
     "raw, field",
     [
-        ('{"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1e400}}]}',
-         "steps[0].params.seconds"),
+        (
+            '{"name": "raid", "steps": [{"action": "core.wait", "params": {"seconds": 1e400}}]}',
+            "steps[0].params.seconds",
+        ),
         ('{"name": "raid \\ud800", "steps": [{"action": "core.wait", "params": {"seconds": 1}}]}', "name"),
-        ('{"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "\\udfff", "seconds": 1}}]}',
-         "steps[0].params.x"),
-        ('{"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "a\\u0000", "seconds": 1}}]}',
-         "steps[0].params.x"),
+        (
+            '{"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "\\udfff", "seconds": 1}}]}',
+            "steps[0].params.x",
+        ),
+        (
+            '{"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "a\\u0000", "seconds": 1}}]}',
+            "steps[0].params.x",
+        ),
     ],
 )
 def test_it_refuses_values_postgresql_cannot_store_naming_the_field(api, raw, field):
@@ -92,8 +109,9 @@ def test_it_refuses_values_postgresql_cannot_store_naming_the_field(api, raw, fi
     assert not Run.objects.exists()
 
 
-@pytest.mark.parametrize("raw", ['{"name": NaN, "steps": []}', '{"name": "raid", "steps": [' + "9" * 5000 + "]}",
-                                 b'{"name": "\xff"}'])
+@pytest.mark.parametrize(
+    "raw", ['{"name": NaN, "steps": []}', '{"name": "raid", "steps": [' + "9" * 5000 + "]}", b'{"name": "\xff"}']
+)
 def test_it_answers_json_400_to_a_body_it_cannot_parse(api, raw):
     body = assert_json_error(post_raw(api, f"{API}runs/", raw), 400)
     assert "JSON parse error" in body["detail"]
@@ -104,8 +122,12 @@ def test_it_answers_json_413_to_an_over_large_body(api, run):
     big = json.dumps({"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "y" * 2000}}]})
     assert assert_json_error(post_raw(api, f"{API}runs/", big), 413) == {"detail": "The request body is too large."}
     form = "reason=" + "x" * 2000
-    response = post_raw(api, f"{API}resources/{Resource.objects.get().pk}/waive/", form,
-                        content_type="application/x-www-form-urlencoded")
+    response = post_raw(
+        api,
+        f"{API}resources/{Resource.objects.get().pk}/waive/",
+        form,
+        content_type="application/x-www-form-urlencoded",
+    )
     assert_json_error(response, 413)
 
 
@@ -126,10 +148,15 @@ def test_it_answers_413_for_a_body_without_a_content_length(api, settings):
 def test_it_answers_every_404_as_json_in_one_wording_whatever_debug(api, debug):
     with override_settings(DEBUG=debug):
         for method, path in [
-            ("GET", f"{API}no-such-thing/"), ("GET", "/api/nothing-here"), ("GET", f"{API}runs/999999/"),
-            ("POST", f"{API}runs/999999/cancel/"), ("POST", f"{API}runs/999999/cleanup/"),
-            ("GET", f"{API}runs/999999/log/"), ("GET", f"{API}runs/999999/cleanup-plan/"),
-            ("POST", f"{API}resources/999999/waive/"), ("POST", f"{API}modules/atlantis/reconcile/"),
+            ("GET", f"{API}no-such-thing/"),
+            ("GET", "/api/nothing-here"),
+            ("GET", f"{API}runs/999999/"),
+            ("POST", f"{API}runs/999999/cancel/"),
+            ("POST", f"{API}runs/999999/cleanup/"),
+            ("GET", f"{API}runs/999999/log/"),
+            ("GET", f"{API}runs/999999/cleanup-plan/"),
+            ("POST", f"{API}resources/999999/waive/"),
+            ("POST", f"{API}modules/atlantis/reconcile/"),
         ]:
             body = {"reason": "x"} if "waive" in path else {}
             response = api.generic(method, path, json.dumps(body), content_type="application/json")
@@ -165,8 +192,12 @@ def test_a_reason_must_be_a_string(api, run):
 
 
 def test_a_name_of_the_wrong_type_is_refused_for_its_type(api):
-    errors = assert_json_error(api.post(f"{API}runs/", {"name": 5, "steps": [
-        {"action": "core.wait", "params": {"seconds": 1}}]}, format="json"), 400)
+    errors = assert_json_error(
+        api.post(
+            f"{API}runs/", {"name": 5, "steps": [{"action": "core.wait", "params": {"seconds": 1}}]}, format="json"
+        ),
+        400,
+    )
     assert errors == {"name": ["a name must be a string, not a number"]}
 
 

@@ -47,10 +47,12 @@ def test_it_lists_the_ledger_and_filters_by_state_module_and_run(api, ledger):
 
 @pytest.mark.parametrize(
     "query, field, words",
-    [("state=gone", "state", "live, reverting, reverted, failed, drifted, orphaned, waived"),
-     ("run=abc", "run", "whole number"),
-     ("run=-1", "run", "whole number"),
-     ("run=99999999999999999999", "run", "whole number from 1 to 9223372036854775807")],
+    [
+        ("state=gone", "state", "live, reverting, reverted, failed, drifted, orphaned, waived"),
+        ("run=abc", "run", "whole number"),
+        ("run=-1", "run", "whole number"),
+        ("run=99999999999999999999", "run", "whole number from 1 to 9223372036854775807"),
+    ],
 )
 def test_a_bad_ledger_filter_is_400_naming_the_field(api, ledger, query, field, words):
     response = api.get(f"{API}resources/?{query}")
@@ -61,7 +63,11 @@ def test_a_bad_ledger_filter_is_400_naming_the_field(api, ledger, query, field, 
 def test_one_row_reads_with_its_state_and_error(api, ledger):
     body = api.get(f"{API}resources/{ledger['orc'].pk}/").json()
     assert (body["run"], body["module"], body["state"], body["revert_attempts"], body["last_error"]) == (
-        ledger["aborted"].pk, "test", "failed", 3, "shard said 503"
+        ledger["aborted"].pk,
+        "test",
+        "failed",
+        3,
+        "shard said 503",
     )
     assert "claim_token" not in body
     assert api.get(f"{API}resources/424242/").status_code == 404
@@ -128,9 +134,14 @@ def test_reconcile_queues_and_orphans_what_the_module_no_longer_has(api, django_
 
 
 def test_reconcile_after_a_restart_records_again_what_came_back(api, ledger, django_capture_on_commit_callbacks):
-    registry.register_action(FakeAction(id="forest.spawn", module="forest",
-                                        reconcile=Scripted({"ok": True, "in_force": ["wolf-1"]}),
-                                        revert=Scripted({"ok": False, "error": "down", "retry": True})))
+    registry.register_action(
+        FakeAction(
+            id="forest.spawn",
+            module="forest",
+            reconcile=Scripted({"ok": True, "in_force": ["wolf-1"]}),
+            revert=Scripted({"ok": False, "error": "down", "retry": True}),
+        )
+    )
     with django_capture_on_commit_callbacks(execute=True):
         response = api.post(f"{API}modules/forest/reconcile/", {"restarted": True}, format="json")
     assert response.status_code == 202 and response.json()["restarted"] is True
@@ -174,7 +185,6 @@ def test_the_summary_counts_runs_and_rows(api, ledger):
     }
     assert body["resources"] == {
         "total": 3,
-        "state": {"live": 1, "reverting": 0, "reverted": 1, "failed": 1, "drifted": 0, "orphaned": 0,
-                  "waived": 0},
+        "state": {"live": 1, "reverting": 0, "reverted": 1, "failed": 1, "drifted": 0, "orphaned": 0, "waived": 0},
         "unresolved": 2,
     }

@@ -25,7 +25,11 @@ def test_it_lists_every_registered_module_and_every_one_with_a_health_row(module
     down = by_name["test"]
     health = ModuleHealth.objects.get(module="test")
     assert (down["state"], down["last_error"], down["changed_by"], down["registered"]) == (
-        "down", "connection refused", "alice", True)
+        "down",
+        "connection refused",
+        "alice",
+        True,
+    )
     assert down["since"] and down["next_probe_at"]
     assert down["waiting"] == health.waiting_text() and down["waiting"].startswith("waiting: test is down since")
     assert by_name["uninstalled"]["registered"] is False
@@ -37,15 +41,23 @@ def test_marking_down_needs_a_reason_and_answers_the_new_state_then_409(module):
     client = api_as("cleanup_run", "view_modulehealth")
     missing = client.post(API + "modules/test/down/", {}, format="json")
     assert missing.status_code == 400 and "reason" in missing.json()
-    for bad in ({"reason": "   "}, {"reason": "a\x00b"}, {"reason": 5}, {"reason": "x" * 1001},
-                {"reason": "deploy", "extra": 1}):
+    for bad in (
+        {"reason": "   "},
+        {"reason": "a\x00b"},
+        {"reason": 5},
+        {"reason": "x" * 1001},
+        {"reason": "deploy", "extra": 1},
+    ):
         assert client.post(API + "modules/test/down/", bad, format="json").status_code == 400, bad
     assert not ModuleEvent.objects.exists()
 
     done = client.post(API + "modules/test/down/", {"reason": " shard redeploy "}, format="json")
     assert done.status_code == 200
     assert (done.json()["state"], done.json()["last_error"], done.json()["changed_by"]) == (
-        "down", "shard redeploy", "console")
+        "down",
+        "shard redeploy",
+        "console",
+    )
     event = ModuleEvent.objects.get()
     assert (event.kind, event.detail["by"], event.detail["error"]) == ("module.down", "console", "shard redeploy")
 
@@ -79,8 +91,12 @@ def test_each_endpoint_needs_its_permission(module):
     assert outsider.get(API + "modules/test/log/").status_code == 403
     assert outsider.post(API + "modules/test/down/", {"reason": "x"}, format="json").status_code == 403
     assert outsider.post(API + "modules/test/up/", {}, format="json").status_code == 403
-    assert api_as("view_modulehealth", username="reader").post(
-        API + "modules/test/down/", {"reason": "x"}, format="json").status_code == 403
+    assert (
+        api_as("view_modulehealth", username="reader")
+        .post(API + "modules/test/down/", {"reason": "x"}, format="json")
+        .status_code
+        == 403
+    )
     assert ModuleHealth.objects.filter(state="down").count() == 0
     assert api_as(staff=False, username="player").get(API + "modules/").status_code == 403
 

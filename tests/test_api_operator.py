@@ -40,8 +40,9 @@ def test_the_plan_reads_the_live_value_through_the_lease_only_when_asked(api, sh
     with override_settings(SANDBOX_SHARD_URL=shard_process.url, SANDBOX_SHARD_TIMEOUT_MS=2000):
         assert SPAWNER_RATE.apply(value=4.0, run_id=1, target="orc-camp")["ok"] is True
         run = make_run(status=RunStatus.COMPLETED, name="boost")
-        make_lease_row(run, lease_id="sandbox.spawner_rate", target="orc-camp", baseline=1.0, applied=4.0,
-                       module="sandbox")
+        make_lease_row(
+            run, lease_id="sandbox.spawner_rate", target="orc-camp", baseline=1.0, applied=4.0, module="sandbox"
+        )
         plain = api.get(f"{API}runs/{run.pk}/cleanup-plan/").json()
         live = api.get(f"{API}runs/{run.pk}/cleanup-plan/?live=1").json()
         shard_process.post("/faults", json={"down": "503"})

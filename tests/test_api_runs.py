@@ -253,7 +253,10 @@ def test_a_runs_resources_are_its_ledger_rows_only(api, failed_run):
     assert response.status_code == 200
     [row] = response.json()["results"]
     assert (row["ref"], row["state"], row["revert_attempts"], row["last_error"]) == (
-        "orc-1", "failed", 3, "shard said 503"
+        "orc-1",
+        "failed",
+        3,
+        "shard said 503",
     )
     assert api.get(f"{API}runs/{other.pk}/resources/?state=live").json()["count"] == 2
     assert api.get(f"{API}runs/{other.pk}/resources/?state=gone").status_code == 400

@@ -22,8 +22,11 @@ def history(row):
 
 
 def test_it_records_each_attempt_of_a_row_newest_first():
-    registry.register_action(FakeAction(revert=Scripted(DOWN, {"ok": False, "error": "timed out", "retry": True},
-                                                        {"ok": True, "failed": []})))
+    registry.register_action(
+        FakeAction(
+            revert=Scripted(DOWN, {"ok": False, "error": "timed out", "retry": True}, {"ok": True, "failed": []})
+        )
+    )
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
 

@@ -43,8 +43,21 @@ def scratch(scratch_name, monkeypatch):
 
 def bench(*args):
     out = StringIO()
-    call_command("bench", "--json", "--runs", "3", "--steps", "2", "--resources", "2", "--repeats", "1", *args,
-                 stdout=out, stderr=StringIO())
+    call_command(
+        "bench",
+        "--json",
+        "--runs",
+        "3",
+        "--steps",
+        "2",
+        "--resources",
+        "2",
+        "--repeats",
+        "1",
+        *args,
+        stdout=out,
+        stderr=StringIO(),
+    )
     lines = out.getvalue().splitlines()
     assert len(lines) == 1
     return json.loads(lines[0])

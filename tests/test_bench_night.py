@@ -40,18 +40,39 @@ def night(*args):
 
 def rows_of(name):
     with psycopg.connect(server_url(name)) as conn:
-        return dict(conn.execute(
-            "SELECT r.name, count(*) FILTER (WHERE x.state = 'reverted' AND x.kind <> 'step') "
-            "FROM cleanup_run r JOIN cleanup_resource x ON x.run_id = r.id GROUP BY r.name").fetchall())
+        return dict(
+            conn.execute(
+                "SELECT r.name, count(*) FILTER (WHERE x.state = 'reverted' AND x.kind <> 'step') "
+                "FROM cleanup_run r JOIN cleanup_resource x ON x.run_id = r.id GROUP BY r.name"
+            ).fetchall()
+        )
 
 
 def test_it_gives_back_every_row_through_the_cluster_and_prints_the_figures(scratch):
-    result = night("--samples", "3", "--night-runs", "2", "--night-steps", "2", "--creatures", "2",
-                   "--long-steps", "3", "--repeats", "1", "--shard-latency-ms", "5")
+    result = night(
+        "--samples",
+        "3",
+        "--night-runs",
+        "2",
+        "--night-steps",
+        "2",
+        "--creatures",
+        "2",
+        "--long-steps",
+        "3",
+        "--repeats",
+        "1",
+        "--shard-latency-ms",
+        "5",
+    )
 
     assert rows_of(scratch) == {
-        "time to clean 1 1": 1, "time to clean 2 1": 1, "time to clean 3 1": 1,
-        "big night 1 1": 4, "big night 1 2": 4, "long run 1 1": 6,
+        "time to clean 1 1": 1,
+        "time to clean 2 1": 1,
+        "time to clean 3 1": 1,
+        "big night 1 1": 4,
+        "big night 1 2": 4,
+        "long run 1 1": 6,
     }
     assert result["broker"] == ("Redis" if settings.REDIS_URL else "ORM")
     ttc = result["time_to_clean_ms"]

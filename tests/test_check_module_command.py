@@ -24,13 +24,25 @@ def manage(*args, tmp_path, shard_url="http://127.0.0.1:9", modules=None):
     env.pop("EVENT_MODULES", None)
     if modules is not None:
         env["EVENT_MODULES"] = modules
-    return subprocess.run([sys.executable, str(settings.BASE_DIR / "manage.py"), *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(settings.BASE_DIR / "manage.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_it_checks_a_module_installed_by_event_modules_and_exits_zero(shard_process, tmp_path):  # noqa: F811
-    result = manage("check_module", "kit.spawn", "--params", PARAMS, tmp_path=tmp_path,
-                    shard_url=shard_process.url, modules="tests.kit_modules")
+    result = manage(
+        "check_module",
+        "kit.spawn",
+        "--params",
+        PARAMS,
+        tmp_path=tmp_path,
+        shard_url=shard_process.url,
+        modules="tests.kit_modules",
+    )
 
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
@@ -41,13 +53,22 @@ def test_it_checks_a_module_installed_by_event_modules_and_exits_zero(shard_proc
 
 
 def test_it_prints_what_failed_and_exits_non_zero(shard_process, tmp_path):  # noqa: F811
-    result = manage("check_module", "kit.lying_revert", "--params", PARAMS, tmp_path=tmp_path,
-                    shard_url=shard_process.url, modules="tests.kit_modules")
+    result = manage(
+        "check_module",
+        "kit.lying_revert",
+        "--params",
+        PARAMS,
+        tmp_path=tmp_path,
+        shard_url=shard_process.url,
+        modules="tests.kit_modules",
+    )
 
     assert result.returncode == 1
     fail = [line for line in result.stdout.splitlines() if line.startswith("FAIL ")]
-    assert "FAIL reconcile after a revert reports nothing in force: expected {\"ok\": True, \"in_force\": []}; " \
-           "got still in force: [" in "\n".join(fail)
+    assert (
+        'FAIL reconcile after a revert reports nothing in force: expected {"ok": True, "in_force": []}; '
+        "got still in force: [" in "\n".join(fail)
+    )
     assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 25 checks failed")
 
 

@@ -63,7 +63,11 @@ def test_a_batch_of_every_outcome_is_written_with_the_statements_of_one_group_an
         sweep()
 
     assert {ref: state for ref, state in states(run).items() if ref.startswith("r0-")} == {
-        "r0-g0-0": "reverted", "r0-g1-0": "failed", "r0-g2-0": "failed", "r0-g3-0": "drifted", "r0-g4-0": "failed",
+        "r0-g0-0": "reverted",
+        "r0-g1-0": "failed",
+        "r0-g2-0": "failed",
+        "r0-g3-0": "drifted",
+        "r0-g4-0": "failed",
     }
     # Whole groups are written by step, and the group whose answer failed one of its rows
     # by row: one UPDATE more than a batch of one group, however many groups it holds.

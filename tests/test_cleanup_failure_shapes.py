@@ -66,8 +66,17 @@ def test_it_names_the_timeout_in_the_error():
     assert Resource.objects.get(run=run).last_error == "test.spawn did not answer within 50 ms"
 
 
-@given(ok=st.one_of(st.none(), st.booleans(), st.integers(), st.text(), st.floats(allow_nan=False),
-                    st.lists(st.integers()), st.dictionaries(st.text(), st.integers())))
+@given(
+    ok=st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.text(),
+        st.floats(allow_nan=False),
+        st.lists(st.integers()),
+        st.dictionaries(st.text(), st.integers()),
+    )
+)
 def test_only_ok_exactly_true_is_success(ok):
     verdict = calls.classify_revert(Answer(raw={"ok": ok, "failed": []}), "x", refs=[])
     assert (verdict.outcome == Outcome.DONE) == (ok is True)
@@ -92,6 +101,12 @@ def test_retry_false_is_terminal_and_drifted_is_its_own_outcome():
 
 
 def test_a_perform_reporting_a_malformed_resource_is_a_failure():
-    for resources in ([{"ref": "a"}], [{"kind": "orc", "ref": ""}], ["orc-1"], [{"kind": "step", "ref": "a"}],
-                      [{"kind": "orc", "ref": "a", "payload": [1]}], {"kind": "orc"}):
+    for resources in (
+        [{"ref": "a"}],
+        [{"kind": "orc", "ref": ""}],
+        ["orc-1"],
+        [{"kind": "step", "ref": "a"}],
+        [{"kind": "orc", "ref": "a", "payload": [1]}],
+        {"kind": "orc"},
+    ):
         assert not calls.classify_perform(Answer(raw={"ok": True, "resources": resources}), "x").ok, resources

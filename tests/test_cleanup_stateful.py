@@ -84,9 +84,7 @@ class CleanupMachine(RuleBasedStateMachine):
     def sweep_once(self):
         before = {r.pk: (r.revert_attempts, r.state) for r in Resource.objects.filter(retryable=False)}
         result = sweep()
-        self.swept_runs.update(
-            Run.objects.filter(log__kind="cleanup.swept").values_list("pk", flat=True)
-        )
+        self.swept_runs.update(Run.objects.filter(log__kind="cleanup.swept").values_list("pk", flat=True))
         after = {r.pk: (r.revert_attempts, r.state) for r in Resource.objects.filter(pk__in=before)}
         assert after == before, "a terminal verdict was retried automatically"
         assert result.summary.attempted >= 0
@@ -133,8 +131,9 @@ class CleanupMachine(RuleBasedStateMachine):
         for run in Run.objects.filter(pk__in=self.swept_runs).exclude(status=RunStatus.RUNNING):
             rows = Resource.objects.filter(run=run)
             unresolved = rows.filter(state__in=UNRESOLVED)
-            retryable = unresolved.filter(state__in=("live", "failed"), retryable=True,
-                                          revert_attempts__lt=MAX_ATTEMPTS)
+            retryable = unresolved.filter(
+                state__in=("live", "failed"), retryable=True, revert_attempts__lt=MAX_ATTEMPTS
+            )
             if not unresolved.exists():
                 expected = {"complete", "not_required"}
             elif run.auto_cleanup and retryable.exists():
@@ -149,7 +148,9 @@ class CleanupMachine(RuleBasedStateMachine):
 def test_the_engine_keeps_its_invariants_whatever_happens():
     run_state_machine = CleanupMachine.TestCase
     run_state_machine.settings = settings(
-        max_examples=20, stateful_step_count=30, deadline=None,
+        max_examples=20,
+        stateful_step_count=30,
+        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     run_state_machine().runTest()
@@ -240,7 +241,9 @@ class LeaseStackMachine(RuleBasedStateMachine):
 def test_stacked_leases_always_leave_the_original_value():
     machine = LeaseStackMachine.TestCase
     machine.settings = settings(
-        max_examples=40, stateful_step_count=25, deadline=None,
+        max_examples=40,
+        stateful_step_count=25,
+        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     machine().runTest()

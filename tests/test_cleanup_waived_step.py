@@ -63,7 +63,10 @@ def test_waiving_every_row_a_step_recorded_waives_its_placeholder_with_them():
     waive([wolf_2], "another guard", "alice")
     placeholder.refresh_from_db()
     assert (placeholder.state, placeholder.waived_reason, placeholder.waived_by) == (
-        ResourceState.WAIVED, "another guard", "alice")
+        ResourceState.WAIVED,
+        "another guard",
+        "alice",
+    )
     assert placeholder.last_error == REFUSED["error"], "a waiver keeps the last error"
     run.refresh_from_db()
     assert run.cleanup_status == CleanupStatus.COMPLETE

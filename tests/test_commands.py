@@ -78,7 +78,6 @@ def test_commands_exit_non_zero_from_the_shell(tmp_path):
     result = subprocess.run([*base, "cleanup_run", "42"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "there is no run 42" in result.stderr
-    result = subprocess.run([*base, "reconcile", "--module", "x"], env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([*base, "reconcile", "--module", "x"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert 'no module is named "x"' in result.stderr

@@ -66,12 +66,18 @@ def test_it_refuses_a_huge_integer_from_the_shell_in_one_line(shell):
     "args, words",
     [
         (["start_run", "--name", "raid", "--steps", "[" * 100_000], "--steps: nests deeper than 32 levels"),
-        (["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"seconds": 1e400}}]'],
-         "--steps[0].params.seconds: must be a finite number"),
-        (["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"x": "\\ud800"}}]'],
-         "--steps[0].params.x: is not valid Unicode (a lone surrogate)"),
-        (["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"x": "\\u0000"}}]'],
-         "--steps[0].params.x: may not contain a NUL character"),
+        (
+            ["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"seconds": 1e400}}]'],
+            "--steps[0].params.seconds: must be a finite number",
+        ),
+        (
+            ["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"x": "\\ud800"}}]'],
+            "--steps[0].params.x: is not valid Unicode (a lone surrogate)",
+        ),
+        (
+            ["start_run", "--name", "raid", "--steps", '[{"action": "core.wait", "params": {"x": "\\u0000"}}]'],
+            "--steps[0].params.x: may not contain a NUL character",
+        ),
         (["start_run", "--name", "raid", "--actor", "a\x00", "--steps", "[]"], "may not contain a NUL character"),
         (["cleanup_run", "99999999999999999999999"], "an id is a whole number"),
         (["cancel_run", "-3"], "an id is a whole number"),

@@ -35,11 +35,21 @@ def database_url():
 
 
 def start_sweeper(calls_file, *extra, **settings_env):
-    env = {**os.environ, "DATABASE_URL": database_url(), "DEBUG": "1",
-           "DJANGO_SETTINGS_MODULE": "eventsite.settings", "EVENT_REVERT_BACKOFF_S": "0", **settings_env}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DEBUG": "1",
+        "DJANGO_SETTINGS_MODULE": "eventsite.settings",
+        "EVENT_REVERT_BACKOFF_S": "0",
+        **settings_env,
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "tests.worker_proc", str(calls_file), *extra],
-        cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -54,8 +64,7 @@ def test_two_sweeper_processes_revert_each_row_exactly_once(tmp_path):
     for r in range(6):
         run = make_run(name=f"raid {r}")
         for s in range(5):
-            make_rows(make_step(run, action_id="conc.spawn"), [f"r{r}-s{s}-c{c}" for c in range(4)],
-                      module="conc")
+            make_rows(make_step(run, action_id="conc.spawn"), [f"r{r}-s{s}-c{c}" for c in range(4)], module="conc")
         runs.append(run)
     calls_file = tmp_path / "calls.jsonl"
 
@@ -96,8 +105,9 @@ def test_two_ticker_processes_never_perform_one_step_twice(tmp_path):
 
     calls = read_calls(calls_file)
     performed = [c["key"] for c in calls if c["verb"] == "perform"]
-    assert sorted(performed) == sorted(Step.objects.values_list("idempotency_key", flat=True)), \
+    assert sorted(performed) == sorted(Step.objects.values_list("idempotency_key", flat=True)), (
         "a step was performed twice, or not at all"
+    )
     assert len({c["pid"] for c in calls if c["verb"] == "perform"}) == 2, "the tickers did not overlap"
     assert set(Step.objects.values_list("status", "attempts")) == {("done", 1)}
     assert set(Run.objects.values_list("status", "cleanup_status")) == {("completed", "complete")}

@@ -57,8 +57,10 @@ def test_it_passes_the_sandbox_lease_and_puts_the_value_back(on_shard):
 
 
 def test_it_refuses_the_network_for_the_outage_checks_by_default(on_shard):
-    for report in (testing.run_action_checks(kit.HonestSpawn(), PARAMS),
-                   testing.run_lease_checks(kit.HonestRate(), "orc-camp", 5)):
+    for report in (
+        testing.run_action_checks(kit.HonestSpawn(), PARAMS),
+        testing.run_lease_checks(kit.HonestRate(), "orc-camp", 5),
+    ):
         assert report.ok, report.lines()
         assert any(c.name.startswith("with the backend down") and c.status == "ok" for c in report.checks)
     assert on_shard.get("/health").status_code == 200, "the outage ended with the checks"
@@ -96,7 +98,7 @@ def test_it_fails_a_restore_that_overwrites_someone_elses_value(on_shard):
     }
     line = next(c.line() for c in report.failures if "drifted" in c.name)
     assert line.startswith("FAIL restore with a value someone else set")
-    assert "expected {\"ok\": False, \"drifted\": True, \"current\": 6}; got {'ok': True}" in line
+    assert 'expected {"ok": False, "drifted": True, "current": 6}; got {\'ok\': True}' in line
 
 
 def test_it_fails_a_restore_that_refuses_the_baseline_already_in_place(on_shard):

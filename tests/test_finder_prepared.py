@@ -61,13 +61,21 @@ def settings_of(env, tmp_path):
 
     from django.conf import settings
 
-    code = ("import json, django; django.setup(); from django.conf import settings as s;"
-            "print(json.dumps(bool(s.DATABASES['default'].get('DISABLE_SERVER_SIDE_CURSORS'))))")
+    code = (
+        "import json, django; django.setup(); from django.conf import settings as s;"
+        "print(json.dumps(bool(s.DATABASES['default'].get('DISABLE_SERVER_SIDE_CURSORS'))))"
+    )
     full = {k: v for k, v in os.environ.items() if k != "DATABASE_TRANSACTION_POOLER"}
-    full.update(DEBUG="1", DJANGO_SETTINGS_MODULE="eventsite.settings", EVENTSITE_VAR_DIR=str(tmp_path),
-                DATABASE_URL="postgres://events@127.0.0.1:5432/events", **env)
-    result = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=full,
-                            capture_output=True, text=True, timeout=60)
+    full.update(
+        DEBUG="1",
+        DJANGO_SETTINGS_MODULE="eventsite.settings",
+        EVENTSITE_VAR_DIR=str(tmp_path),
+        DATABASE_URL="postgres://events@127.0.0.1:5432/events",
+        **env,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=settings.BASE_DIR, env=full, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -65,9 +65,9 @@ scalars = (
     | st.text()
     | st.sampled_from(["\x00", "\ud800", "a\udfffb", "x" * 300])
 )
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
-                                                                                               max_size=4),
-                           max_leaves=20)
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20
+)
 
 
 @st.composite
@@ -80,15 +80,27 @@ def deep(draw):
 
 actions = st.sampled_from(["core.wait", "core.lease", "test.spawn", "nope.spawn", "sandbox.spawn"]) | json_values
 params = (
-    st.fixed_dictionaries({}, optional={"seconds": json_values, "lease": st.sampled_from(["test.rate",
-                           "sandbox.spawner_rate"]) | json_values, "target": json_values, "value": json_values,
-                           "creature": json_values, "count": json_values, "at": json_values})
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "seconds": json_values,
+            "lease": st.sampled_from(["test.rate", "sandbox.spawner_rate"]) | json_values,
+            "target": json_values,
+            "value": json_values,
+            "creature": json_values,
+            "count": json_values,
+            "at": json_values,
+        },
+    )
     | deep()
 )
-steps = st.lists(
-    st.fixed_dictionaries({"action": actions}, optional={"params": params, "extra": json_values}) | json_values,
-    max_size=5,
-) | json_values
+steps = (
+    st.lists(
+        st.fixed_dictionaries({"action": actions}, optional={"params": params, "extra": json_values}) | json_values,
+        max_size=5,
+    )
+    | json_values
+)
 
 
 SPAWN = FakeAction(validate=lambda params: None)

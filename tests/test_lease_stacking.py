@@ -40,7 +40,7 @@ def test_three_overlapping_leases_leave_the_original_value_in_any_order(order):
     assert lease.values["camp"] == 1
     assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
     assert len(lease.restores) == sum(
-        1 for step, index in enumerate(order) if all(index > later for later in order[step + 1:])
+        1 for step, index in enumerate(order) if all(index > later for later in order[step + 1 :])
     ), "only the newest lease still open may call restore"
 
 
@@ -148,14 +148,20 @@ def test_the_runner_confirms_a_lease_only_once_its_apply_answered():
     from tests.fakes import Scripted
 
     lease = registry.register_lease(FakeLease(values={"camp": 1}))
-    run = start_run("boost", [{"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 5}},
-                              {"action": "core.wait", "params": {"seconds": 3600}}])
+    run = start_run(
+        "boost",
+        [
+            {"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 5}},
+            {"action": "core.wait", "params": {"seconds": 3600}},
+        ],
+    )
     tick()
     assert Resource.objects.get(run=run).payload["confirmed"] is True
 
     lease.apply = Scripted({"ok": False, "error": "spawner locked", "retry": False})
-    failed = start_run("boost 2", [{"action": "core.lease", "params": {"lease": "test.rate", "target": "camp",
-                                                                       "value": 9}}])
+    failed = start_run(
+        "boost 2", [{"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 9}}]
+    )
     tick()
     assert Resource.objects.get(run=failed).payload["confirmed"] is False
 

@@ -43,8 +43,9 @@ def test_a_row_that_outlived_its_step_reverts_through_the_action_that_made_it():
     sweep()
 
     assert states(run) == {"orc-1": "reverted"}, Resource.objects.get(ref="orc-1").last_error
-    assert revert.calls[0]["resources"] == [{"kind": "orc", "ref": "orc-1", "payload": MODULE_PAYLOAD,
-                                             "member_key": ""}]
+    assert revert.calls[0]["resources"] == [
+        {"kind": "orc", "ref": "orc-1", "payload": MODULE_PAYLOAD, "member_key": ""}
+    ]
 
 
 @pytest.mark.django_db
@@ -58,8 +59,9 @@ def test_a_lease_row_keeps_its_action_beside_the_baseline():
 
 @pytest.mark.django_db
 def test_a_resurrected_row_carries_the_action_and_the_modules_payload():
-    registry.register_action(FakeAction(reconcile=Scripted({"ok": True, "in_force": ["orc-1"]}),
-                                        revert=Scripted({"ok": True, "failed": []})))
+    registry.register_action(
+        FakeAction(reconcile=Scripted({"ok": True, "in_force": ["orc-1"]}), revert=Scripted({"ok": True, "failed": []}))
+    )
     run = make_run()
     step = make_step(run)
     old = record(step)[0]
@@ -89,13 +91,18 @@ def test_the_migration_moves_the_engines_action_out_of_existing_payloads():
     run = Run.objects.create(name="before", status="completed")
     step = Step.objects.create(run=run, position=0, action_id="test.spawn", idempotency_key="k1")
     rows = {
-        "placeholder": dict(kind="step", ref="k1", step=step,
-                            payload={"action": "test.spawn", "idempotency_key": "k1"}),
+        "placeholder": dict(
+            kind="step", ref="k1", step=step, payload={"action": "test.spawn", "idempotency_key": "k1"}
+        ),
         "engine": dict(kind="orc", ref="orc-1", step=step, payload={"action": "test.spawn", "at": "gate"}),
         "module": dict(kind="orc", ref="orc-2", step=step, payload={"action": "jump"}),
         "loose": dict(kind="orc", ref="orc-3", step=None, payload={"action": "test.spawn"}),
-        "lease": dict(kind="override", ref="test.rate#camp", step=step,
-                      payload={"baseline": 1, "applied": 5, "action": "core.lease"}),
+        "lease": dict(
+            kind="override",
+            ref="test.rate#camp",
+            step=step,
+            payload={"baseline": 1, "applied": 5, "action": "core.lease"},
+        ),
     }
     for fields in rows.values():
         Row.objects.create(run=run, module="test", **fields)

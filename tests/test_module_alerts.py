@@ -43,7 +43,9 @@ def test_an_outage_is_told_once_when_it_begins_and_once_when_it_ends_whatever_th
     assert len(mail.outbox) == 2 and "Module test is up again" in mail.outbox[1].subject
     assert "marked up by probe" in mail.outbox[1].body
     assert list(Alert.objects.order_by("id").values_list("event", "module", "run")) == [
-        ("module.down", "test", None), ("module.up", "test", None)]
+        ("module.down", "test", None),
+        ("module.up", "test", None),
+    ]
 
 
 def test_a_person_marking_a_module_down_is_told_with_their_reason(module):

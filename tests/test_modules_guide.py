@@ -32,14 +32,23 @@ def write_walkthrough(root):
 def test_the_walkthrough_module_passes_the_kit(shard_process, tmp_path):  # noqa: F811
     packages = tmp_path / "packages"
     assert write_walkthrough(packages) == ["horde/apps.py", "horde/module.py"]
-    env = {**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "PYTHONPATH": str(packages),
-           "EVENT_MODULES": "horde", "HORDE_URL": shard_process.url}
+    env = {
+        **os.environ,
+        "DEBUG": "1",
+        "EVENTSITE_VAR_DIR": str(tmp_path),
+        "PYTHONPATH": str(packages),
+        "EVENT_MODULES": "horde",
+        "HORDE_URL": shard_process.url,
+    }
     env.pop("DATABASE_URL", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
 
     result = subprocess.run(
         [sys.executable, str(settings.BASE_DIR / "manage.py"), "check_module", "horde.summon", "--params", PARAMS],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode == 0, result.stdout + result.stderr

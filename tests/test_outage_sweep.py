@@ -21,15 +21,23 @@ shard_process = shard_helpers.shard_process
 
 pytestmark = pytest.mark.django_db
 
-SETTINGS = {"EVENT_REVERT_MAX_ATTEMPTS": 3, "EVENT_REVERT_BACKOFF_S": 30, "EVENT_OUTAGE_AFTER": 3,
-            "EVENT_OUTAGE_PROBE_S": 15, "EVENT_OUTAGE_SPREAD_S": 5, "EVENT_OUTAGE_GIVE_UP_S": 3600,
-            "EVENT_CLEANUP_RUN_BATCH": 10, "SANDBOX_SHARD_TIMEOUT_MS": 1000}
+SETTINGS = {
+    "EVENT_REVERT_MAX_ATTEMPTS": 3,
+    "EVENT_REVERT_BACKOFF_S": 30,
+    "EVENT_OUTAGE_AFTER": 3,
+    "EVENT_OUTAGE_PROBE_S": 15,
+    "EVENT_OUTAGE_SPREAD_S": 5,
+    "EVENT_OUTAGE_GIVE_UP_S": 3600,
+    "EVENT_CLEANUP_RUN_BATCH": 10,
+    "SANDBOX_SHARD_TIMEOUT_MS": 1000,
+}
 
 
 def start_runs(count):
     spawn = {"action": "sandbox.spawn", "params": {"creature": "orc", "count": 2, "at": "north-gate"}}
-    return [start_run(f"invasion {i}", [spawn, {"action": "core.wait", "params": {"seconds": 60}}])
-            for i in range(count)]
+    return [
+        start_run(f"invasion {i}", [spawn, {"action": "core.wait", "params": {"seconds": 60}}]) for i in range(count)
+    ]
 
 
 def sweep_for(clock, seconds, every=5):
@@ -39,8 +47,10 @@ def sweep_for(clock, seconds, every=5):
 
 
 def test_twenty_runs_ending_during_a_two_minute_outage_are_given_back_without_a_person(shard_process):
-    with override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS), \
-            time_machine.travel(timezone.now(), tick=False) as clock:
+    with (
+        override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS),
+        time_machine.travel(timezone.now(), tick=False) as clock,
+    ):
         runs = start_runs(20)
         tick()
         tick()  # every run spawns its orcs and waits (ten runs a tick)
@@ -59,17 +69,22 @@ def test_twenty_runs_ending_during_a_two_minute_outage_are_given_back_without_a_
     rows = Resource.objects.filter(run__in=runs)
     assert set(rows.values_list("state", flat=True)) == {"reverted"}
     assert max(rows.values_list("revert_attempts", flat=True)) <= 1
-    assert set(Run.objects.filter(pk__in=[r.pk for r in runs]).values_list("cleanup_status", flat=True)) == {
-        "complete"}
-    assert shard_process.post("/creatures/lookup", json={"refs": list(rows.values_list("ref", flat=True))}
-                              ).json()["present"] == []
+    assert set(Run.objects.filter(pk__in=[r.pk for r in runs]).values_list("cleanup_status", flat=True)) == {"complete"}
+    assert (
+        shard_process.post("/creatures/lookup", json={"refs": list(rows.values_list("ref", flat=True))}).json()[
+            "present"
+        ]
+        == []
+    )
     kinds = list(ModuleEvent.objects.filter(module="sandbox").order_by("id").values_list("kind", flat=True))
     assert kinds == ["module.down", "module.up"]
 
 
 def test_an_outage_longer_than_the_give_up_bound_ends_incomplete_with_the_reason(shard_process):
-    with override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS), \
-            time_machine.travel(timezone.now(), tick=False) as clock:
+    with (
+        override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS),
+        time_machine.travel(timezone.now(), tick=False) as clock,
+    ):
         [run] = start_runs(1)
         tick()
         shard_process.post("/faults", json={"down": "503"})
@@ -92,8 +107,10 @@ def test_an_outage_longer_than_the_give_up_bound_ends_incomplete_with_the_reason
 
 
 def test_two_sweepers_share_the_module_state_one_probe_per_interval(shard_process):
-    with override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS), \
-            time_machine.travel(timezone.now(), tick=False) as clock:
+    with (
+        override_settings(SANDBOX_SHARD_URL=shard_process.url, **SETTINGS),
+        time_machine.travel(timezone.now(), tick=False) as clock,
+    ):
         outages.mark_down("sandbox", by="alice", reason="deploy")
         shard_process.post("/faults", json={"down": "refuse"})
         clock.shift(timedelta(seconds=15))

@@ -28,8 +28,10 @@ def state(module="test"):
 @pytest.mark.parametrize(
     "answer, blamed",
     [
-        (Answer(timed_out=True, exception="test.spawn did not answer within 100 ms"),
-         "test.spawn did not answer within 100 ms"),
+        (
+            Answer(timed_out=True, exception="test.spawn did not answer within 100 ms"),
+            "test.spawn did not answer within 100 ms",
+        ),
         (Answer(raw={"ok": False, "error": "shard is down", "retry": True, "unavailable": True}), "shard is down"),
         (Answer(raw={"ok": False, "unavailable": True}), "the backend is unavailable"),
         (Answer(raw={"ok": False, "error": "no such creature", "retry": False}), None),
@@ -123,8 +125,10 @@ def test_a_probe_through_health_marks_the_module_up_and_resumes_its_rows_spread_
     run = make_run()
     make_rows(make_step(run), [f"orc-{i}" for i in range(40)], placeholder=False)
     start = timezone.now()
-    with override_settings(EVENT_OUTAGE_AFTER=1, EVENT_OUTAGE_PROBE_S=15, EVENT_OUTAGE_SPREAD_S=5), \
-            time_machine.travel(start, tick=False) as clock:
+    with (
+        override_settings(EVENT_OUTAGE_AFTER=1, EVENT_OUTAGE_PROBE_S=15, EVENT_OUTAGE_SPREAD_S=5),
+        time_machine.travel(start, tick=False) as clock,
+    ):
         outages.record("test", REFUSED)
         clock.shift(timedelta(seconds=15))
         assert outages.probe_due_modules() == set()
@@ -182,8 +186,10 @@ def test_a_person_marks_a_module_down_and_up_and_both_are_logged():
 
 def test_an_outage_past_the_give_up_bound_is_answered_once():
     start = timezone.now()
-    with override_settings(EVENT_OUTAGE_AFTER=1, EVENT_OUTAGE_GIVE_UP_S=3600), \
-            time_machine.travel(start, tick=False) as clock:
+    with (
+        override_settings(EVENT_OUTAGE_AFTER=1, EVENT_OUTAGE_GIVE_UP_S=3600),
+        time_machine.travel(start, tick=False) as clock,
+    ):
         outages.record("test", REFUSED)
         clock.shift(timedelta(minutes=59))
         assert outages.outages_past_give_up() == []

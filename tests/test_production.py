@@ -55,19 +55,32 @@ def site_environment(**extra):
 
 def test_it_passes_check_deploy_with_the_documented_environment():
     env = site_environment(**documented_environment())
-    result = subprocess.run([*MANAGE, "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*MANAGE, "check", "--deploy", "--fail-level", "WARNING"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "no issues" in result.stdout
 
 
 def test_check_deploy_warns_without_the_https_settings():
     env = site_environment(DEBUG="0", SECRET_KEY=documented_environment()["SECRET_KEY"], ALLOWED_HOSTS="x.example")
-    result = subprocess.run([*MANAGE, "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*MANAGE, "check", "--deploy", "--fail-level", "WARNING"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert {"security.W004", "security.W008", "security.W012", "security.W016"} <= set(
-        re.findall(r"security\.W\d+", result.stderr + result.stdout))
+        re.findall(r"security\.W\d+", result.stderr + result.stdout)
+    )
 
 
 # -- /healthz -------------------------------------------------------------------------------
@@ -195,8 +208,15 @@ with mock.patch("cleanup.health.healthy", side_effect=RuntimeError("the disk is 
 def fail_a_request(**env):
     """In a fresh process with the site's own logging: its handlers, and a request that fails."""
     env = site_environment(DEBUG="0", SECRET_KEY="x" * 50, ALLOWED_HOSTS="testserver", **env)
-    return subprocess.run([sys.executable, "-c", FAIL_A_REQUEST], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", FAIL_A_REQUEST],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
 
 def test_a_failing_request_is_logged_with_its_traceback_on_stderr_and_mailed_only_when_configured():
@@ -232,8 +252,14 @@ def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environmen
     static.mkdir()
     (static / "probe.txt").write_text("served by whitenoise")
     port = free_port()
-    env = site_environment(**{**documented_environment(), "ALLOWED_HOSTS": "127.0.0.1",
-                              "DATABASE_URL": database_url(), "STATIC_ROOT": str(static)})
+    env = site_environment(
+        **{
+            **documented_environment(),
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "DATABASE_URL": database_url(),
+            "STATIC_ROOT": str(static),
+        }
+    )
     gunicorn = [sys.executable, "-m", "gunicorn", "eventsite.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
     log = (tmp_path / "gunicorn.log").open("w")
     process = subprocess.Popen(gunicorn, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -275,8 +301,19 @@ def test_a_burst_of_other_task_results_keeps_the_last_ticks_result(monkeypatch):
 
     def result(n, func):
         at = start + timedelta(seconds=n)
-        return {"id": f"task-{n}", "name": f"task {n}", "func": func, "args": (), "kwargs": {}, "started": at,
-                "stopped": at, "result": None, "group": None, "success": True, "sync": True}
+        return {
+            "id": f"task-{n}",
+            "name": f"task {n}",
+            "func": func,
+            "args": (),
+            "kwargs": {},
+            "started": at,
+            "stopped": at,
+            "result": None,
+            "group": None,
+            "success": True,
+            "sync": True,
+        }
 
     save_task(result(0, "cleanup.tasks.tick_task"), get_broker())
     for n in range(1, 8):

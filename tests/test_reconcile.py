@@ -40,10 +40,18 @@ def slow(**kwargs):
 
 @pytest.mark.parametrize(
     "answer",
-    [None, [], "gone", {"ok": "yes", "in_force": []}, {"ok": True}, {"ok": True, "in_force": "orc-1"},
-     {"ok": False, "error": "shard down"}, RuntimeError("boom"), slow],
-    ids=["none", "list", "string", "ok-yes", "no-in-force", "in-force-string", "refusal", "exception",
-         "timeout"],
+    [
+        None,
+        [],
+        "gone",
+        {"ok": "yes", "in_force": []},
+        {"ok": True},
+        {"ok": True, "in_force": "orc-1"},
+        {"ok": False, "error": "shard down"},
+        RuntimeError("boom"),
+        slow,
+    ],
+    ids=["none", "list", "string", "ok-yes", "no-in-force", "in-force-string", "refusal", "exception", "timeout"],
 )
 def test_it_leaves_the_ledger_alone_on_every_non_answer(answer):
     registry.register_action(FakeAction(reconcile=Scripted(answer), budget_ms=100))

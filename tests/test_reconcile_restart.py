@@ -26,10 +26,12 @@ def reverted_run(refs):
 
 def test_it_ledgers_again_what_came_back_and_gives_it_back():
     world = {"orc-1"}  # the rolled-back shard has orc-1 again, orc-2 stays gone
-    action = registry.register_action(FakeAction(
-        revert=Scripted({"ok": True, "failed": []}),
-        reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"] if r["ref"] in world]},
-    ))
+    action = registry.register_action(
+        FakeAction(
+            revert=Scripted({"ok": True, "failed": []}),
+            reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"] if r["ref"] in world]},
+        )
+    )
     run, step, _ = reverted_run(["orc-1", "orc-2"])
     sweep()
     assert set(Resource.objects.values_list("state", flat=True)) == {"reverted"}
@@ -54,14 +56,18 @@ def test_it_ledgers_again_what_came_back_and_gives_it_back():
 
 
 def test_it_looks_back_only_within_the_lookback():
-    registry.register_action(FakeAction(
-        revert=Scripted({"ok": True, "failed": []}),
-        reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"]]},
-    ))
+    registry.register_action(
+        FakeAction(
+            revert=Scripted({"ok": True, "failed": []}),
+            reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"]]},
+        )
+    )
     reverted_run(["orc-old"])
     sweep()
-    with override_settings(EVENT_RECONCILE_LOOKBACK_S=60), \
-            time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False):
+    with (
+        override_settings(EVENT_RECONCILE_LOOKBACK_S=60),
+        time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False),
+    ):
         assert reconcile_module("test", restarted=True).resurrected == 0
 
 

@@ -26,12 +26,15 @@ def test_a_run_performs_in_order_holds_at_the_wait_completes_and_is_given_back(w
     lease = registry.register_lease(FakeLease(values={"camp": 1}))
     start = timezone.now()
     with time_machine.travel(start, tick=False) as clock:
-        run = start_run("invasion", [
-            spawn(2, "orc"),
-            {"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 5}},
-            {"action": "core.wait", "params": {"seconds": 60}},
-            spawn(3, "wolf"),
-        ])
+        run = start_run(
+            "invasion",
+            [
+                spawn(2, "orc"),
+                {"action": "core.lease", "params": {"lease": "test.rate", "target": "camp", "value": 5}},
+                {"action": "core.wait", "params": {"seconds": 60}},
+                spawn(3, "wolf"),
+            ],
+        )
 
         tick()
         run.refresh_from_db()
@@ -53,8 +56,15 @@ def test_a_run_performs_in_order_holds_at_the_wait_completes_and_is_given_back(w
     assert lease.values["camp"] == 1
     assert set(Resource.objects.filter(run=run).values_list("state", flat=True)) == {"reverted"}
     kinds = log_kinds(run)
-    assert kinds[:7] == ["run.started", "step.performed", "step.performed", "step.waiting", "step.performed",
-                         "step.performed", "run.completed"]
+    assert kinds[:7] == [
+        "run.started",
+        "step.performed",
+        "step.performed",
+        "step.waiting",
+        "step.performed",
+        "step.performed",
+        "run.completed",
+    ]
     assert "cleanup.swept" in kinds
     lease_row = Resource.objects.get(run=run, kind="override")
     assert (lease_row.ref, lease_row.payload["baseline"], lease_row.payload["applied"]) == ("test.rate#camp", 1, 5)

@@ -13,11 +13,14 @@ pytestmark = pytest.mark.django_db
 
 
 def started(world):
-    run = start_run("festival", [
-        {"action": "test.spawn", "params": {"count": 2}},
-        {"action": "core.wait", "params": {"seconds": 3600}},
-        {"action": "test.spawn", "params": {"count": 2}},
-    ])
+    run = start_run(
+        "festival",
+        [
+            {"action": "test.spawn", "params": {"count": 2}},
+            {"action": "core.wait", "params": {"seconds": 3600}},
+            {"action": "test.spawn", "params": {"count": 2}},
+        ],
+    )
     tick()
     assert len(world) == 2
     return run
@@ -135,10 +138,13 @@ def test_a_step_performing_while_its_run_is_cancelled_still_ledgers_and_gives_ba
         return answer
 
     registry.register_action(FakeAction(perform=perform_while_cancelled, revert=Scripted(despawner(world))))
-    run = start_run("race", [
-        {"action": "test.spawn", "params": {"count": 2}},
-        {"action": "test.spawn", "params": {"count": 2}},
-    ])
+    run = start_run(
+        "race",
+        [
+            {"action": "test.spawn", "params": {"count": 2}},
+            {"action": "test.spawn", "params": {"count": 2}},
+        ],
+    )
 
     tick()
 

@@ -15,8 +15,13 @@ from tests.fakes import FakeAction, Scripted
 pytestmark = pytest.mark.django_db
 
 UNAVAILABLE = {"ok": False, "error": "the shard is down", "retry": True, "unavailable": True}
-OUTAGE = {"EVENT_OUTAGE_AFTER": 2, "EVENT_OUTAGE_PROBE_S": 15, "EVENT_STEP_MAX_ATTEMPTS": 3,
-          "EVENT_STEP_BACKOFF_S": 1, "EVENT_OUTAGE_GIVE_UP_S": 3600}
+OUTAGE = {
+    "EVENT_OUTAGE_AFTER": 2,
+    "EVENT_OUTAGE_PROBE_S": 15,
+    "EVENT_STEP_MAX_ATTEMPTS": 3,
+    "EVENT_STEP_BACKOFF_S": 1,
+    "EVENT_OUTAGE_GIVE_UP_S": 3600,
+}
 
 
 def spawn():

@@ -554,8 +554,7 @@ def test_stuck_by_kind_holds_every_creature_of_that_kind_until_the_faults_are_cl
     shard_process.post("/faults", json={"stuck": [kind]})
     assert shard_process.post("/despawn", json={"refs": refs}).json()["refused"] == refs
     shard_process.delete("/faults")
-    assert shard_process.post("/despawn", json={"refs": refs}).json() == {"removed": refs, "absent": [],
-                                                                          "refused": []}
+    assert shard_process.post("/despawn", json={"refs": refs}).json() == {"removed": refs, "absent": [], "refused": []}
 
 
 def test_latency_holds_the_answer_back_after_the_work_is_done(shard_process):

@@ -25,9 +25,10 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def world(shard_process):
     """The shard, with the module pointed at it and restarts reported to a mock."""
-    with override_settings(SANDBOX_SHARD_URL=shard_process.url, EVENT_REVERT_BACKOFF_S=0,
-                           EVENT_STEP_BACKOFF_S=0), \
-            mock.patch("cleanup.registry.backend_restarted") as restarted:
+    with (
+        override_settings(SANDBOX_SHARD_URL=shard_process.url, EVENT_REVERT_BACKOFF_S=0, EVENT_STEP_BACKOFF_S=0),
+        mock.patch("cleanup.registry.backend_restarted") as restarted,
+    ):
         shard_process.restarted = restarted
         yield shard_process
 
@@ -105,8 +106,9 @@ def test_a_shard_that_is_down_then_back_recovers_on_the_next_attempt(world):
 
 def test_a_4xx_from_the_shard_is_terminal_with_its_message(world):
     run = make_run()
-    row = make_lease_row(run, lease_id="sandbox.spawner_rate", target="no-such-camp", baseline=1.0, applied=3.0,
-                         module="sandbox")
+    row = make_lease_row(
+        run, lease_id="sandbox.spawner_rate", target="no-such-camp", baseline=1.0, applied=3.0, module="sandbox"
+    )
     sweep()
     sweep()
     row.refresh_from_db()
@@ -188,8 +190,11 @@ def test_a_rollback_brings_back_what_was_despawned_after_the_save_and_it_is_give
 
     assert creatures(world) == []
     assert run.log.filter(kind="resource.resurrected").count() == 3
-    assert set(Resource.objects.filter(run=run, kind="creature", resurrected_from__isnull=False)
-               .values_list("state", flat=True)) == {"reverted"}
+    assert set(
+        Resource.objects.filter(run=run, kind="creature", resurrected_from__isnull=False).values_list(
+            "state", flat=True
+        )
+    ) == {"reverted"}
 
 
 def test_a_wipe_restart_orphans_every_event_spawn(world):

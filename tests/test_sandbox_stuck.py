@@ -25,9 +25,15 @@ pytestmark = pytest.mark.django_db
 
 def test_a_stuck_creature_fails_its_row_up_to_the_ceiling_and_never_marks_the_module_down(shard_process):
     spawn = {"action": "sandbox.spawn", "params": {"creature": "wolf", "count": 3, "at": "pine-forest"}}
-    with override_settings(SANDBOX_SHARD_URL=shard_process.url, EVENT_REVERT_MAX_ATTEMPTS=3,
-                           EVENT_REVERT_BACKOFF_S=10, EVENT_OUTAGE_AFTER=2), \
-            time_machine.travel(timezone.now(), tick=False) as clock:
+    with (
+        override_settings(
+            SANDBOX_SHARD_URL=shard_process.url,
+            EVENT_REVERT_MAX_ATTEMPTS=3,
+            EVENT_REVERT_BACKOFF_S=10,
+            EVENT_OUTAGE_AFTER=2,
+        ),
+        time_machine.travel(timezone.now(), tick=False) as clock,
+    ):
         run = start_run("wolf hunt", [spawn, {"action": "core.wait", "params": {"seconds": 3600}}])
         tick()
         wolves = list(Resource.objects.filter(run=run, kind="creature").order_by("id"))
@@ -41,7 +47,8 @@ def test_a_stuck_creature_fails_its_row_up_to_the_ceiling_and_never_marks_the_mo
     assert (stuck.state, stuck.revert_attempts) == ("failed", 3)
     assert stuck.ref in stuck.last_error
     assert set(Resource.objects.filter(pk__in=[w.pk for w in wolves[1:]]).values_list("state", flat=True)) == {
-        "reverted"}
+        "reverted"
+    }
     run.refresh_from_db()
     assert run.cleanup_status == CleanupStatus.INCOMPLETE
     assert outages.down_modules() == set()

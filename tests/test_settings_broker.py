@@ -18,8 +18,9 @@ BROKER_OF = (
 def broker_for(env, var_dir):
     full = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "Q_NAME", "DATABASE_URL")}
     full.update(DEBUG="1", DJANGO_SETTINGS_MODULE="eventsite.settings", EVENTSITE_VAR_DIR=str(var_dir), **env)
-    result = subprocess.run([sys.executable, "-c", BROKER_OF], cwd=settings.BASE_DIR, env=full,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", BROKER_OF], cwd=settings.BASE_DIR, env=full, capture_output=True, text=True, timeout=60
+    )
     return result
 
 
@@ -33,7 +34,10 @@ def test_it_queues_on_redis_when_redis_url_is_set(tmp_path):
     result = broker_for({"REDIS_URL": "redis://127.0.0.1:6379/5", "Q_NAME": "eventsite-eu"}, tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "broker": "Redis", "orm": None, "redis": "redis://127.0.0.1:6379/5", "name": "eventsite-eu",
+        "broker": "Redis",
+        "orm": None,
+        "redis": "redis://127.0.0.1:6379/5",
+        "name": "eventsite-eu",
     }
 
 
@@ -49,8 +53,9 @@ POLL_OF = "import django; django.setup(); from django_q.conf import Conf; print(
 def poll_for(env, var_dir):
     full = {k: v for k, v in os.environ.items() if k not in ("Q_POLL", "DATABASE_URL")}
     full.update(DEBUG="1", DJANGO_SETTINGS_MODULE="eventsite.settings", EVENTSITE_VAR_DIR=str(var_dir), **env)
-    return subprocess.run([sys.executable, "-c", POLL_OF], cwd=settings.BASE_DIR, env=full,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", POLL_OF], cwd=settings.BASE_DIR, env=full, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_orm_broker_looks_for_work_every_tenth_of_a_second_by_default(tmp_path):
@@ -66,8 +71,11 @@ def test_it_reads_the_orm_brokers_poll_interval_from_q_poll(tmp_path):
 
 
 def test_it_refuses_a_poll_interval_that_is_not_a_number_or_out_of_range(tmp_path):
-    for raw, said in (("fast", "Q_POLL='fast' is not a number"), ("0", "Q_POLL='0' is not a number from 0.01 to 60"),
-                      ("nan", "Q_POLL='nan' is not a number from 0.01 to 60")):
+    for raw, said in (
+        ("fast", "Q_POLL='fast' is not a number"),
+        ("0", "Q_POLL='0' is not a number from 0.01 to 60"),
+        ("nan", "Q_POLL='nan' is not a number from 0.01 to 60"),
+    ):
         result = poll_for({"Q_POLL": raw}, tmp_path)
         assert result.returncode != 0
         assert said in result.stderr

@@ -60,7 +60,11 @@ def settings_import(env):
     full.update(env)
     return subprocess.run(
         [sys.executable, "-c", "import eventsite.settings as s; print(s.DATABASES['default']['ENGINE'])"],
-        cwd=settings.BASE_DIR, env=full, capture_output=True, text=True, timeout=60,
+        cwd=settings.BASE_DIR,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -81,9 +85,16 @@ def test_it_defaults_to_sqlite_and_reads_database_url(tmp_path):
     result = settings_import({"DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path)})
     assert result.stdout.strip() == "django.db.backends.sqlite3"
     options = subprocess.run(
-        [sys.executable, "-c", "import eventsite.settings as s; o = s.DATABASES['default']['OPTIONS'];"
-         "print(o['transaction_mode'], o['timeout'], s.DATABASES['default']['NAME'])"],
-        cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import eventsite.settings as s; o = s.DATABASES['default']['OPTIONS'];"
+            "print(o['transaction_mode'], o['timeout'], s.DATABASES['default']['NAME'])",
+        ],
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "DATABASE_URL": ""},
     )
     # Writers wait for the lock (up to the timeout) instead of failing half-way.

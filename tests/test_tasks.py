@@ -73,10 +73,12 @@ def test_a_worker_that_starts_reconciles_every_module(django_capture_on_commit_c
 
 def test_backend_restarted_queues_a_reconcile_that_looks_back(django_capture_on_commit_callbacks):
     world = {"orc-1"}
-    registry.register_action(FakeAction(
-        revert=Scripted({"ok": True, "failed": []}),
-        reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"] if r["ref"] in world]},
-    ))
+    registry.register_action(
+        FakeAction(
+            revert=Scripted({"ok": True, "failed": []}),
+            reconcile=lambda **kw: {"ok": True, "in_force": [r["ref"] for r in kw["resources"] if r["ref"] in world]},
+        )
+    )
     run = make_run()
     make_rows(make_step(run), ["orc-1"], placeholder=False)
     call_command("sweep", stdout=open("/dev/null", "w"))

@@ -185,5 +185,5 @@ def test_parse_json_names_the_field_for_every_way_text_fails():
     ]:
         with pytest.raises(validation.Invalid) as caught:
             validation.parse_json(text, "steps")
-        (field, got), = caught.value.errors.items()
+        ((field, got),) = caught.value.errors.items()
         assert field.startswith("steps") and got.startswith(message), (text[:20], got)

@@ -41,8 +41,11 @@ def known(name):
     return name
 
 
-@extend_schema(tags=["modules"], summary="Every module, with its backend's health",
-               responses={200: s.ModuleHealthSerializer(many=True), **errors()})
+@extend_schema(
+    tags=["modules"],
+    summary="Every module, with its backend's health",
+    responses={200: s.ModuleHealthSerializer(many=True), **errors()},
+)
 class ModuleListView(EventsAPI, APIView):
     """Needs `cleanup.view_modulehealth`. Every registered module and every module that was
     ever marked down, by name: up or down, since when, the last error, when it is probed next."""
@@ -57,8 +60,12 @@ class ModuleListView(EventsAPI, APIView):
         return Response(s.ModuleHealthSerializer(answer, many=True).data)
 
 
-@extend_schema(tags=["modules"], summary="Mark a module down by hand: its work waits, spending no attempts",
-               request=s.MarkDownSerializer, responses={200: s.ModuleHealthSerializer, **errors(400, 404, 409)})
+@extend_schema(
+    tags=["modules"],
+    summary="Mark a module down by hand: its work waits, spending no attempts",
+    request=s.MarkDownSerializer,
+    responses={200: s.ModuleHealthSerializer, **errors(400, 404, 409)},
+)
 class ModuleDownView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Its ledger rows and steps are not attempted until a probe
     finds it answering or a person marks it up. Logged (`module.down`) with the reason and
@@ -75,8 +82,12 @@ class ModuleDownView(EventsAPI, APIView):
         return Response(s.ModuleHealthSerializer(health_answer(name)).data)
 
 
-@extend_schema(tags=["modules"], summary="Mark a module up by hand: its waiting work resumes",
-               request=None, responses={200: s.ModuleHealthSerializer, **errors(400, 404, 409)})
+@extend_schema(
+    tags=["modules"],
+    summary="Mark a module up by hand: its waiting work resumes",
+    request=None,
+    responses={200: s.ModuleHealthSerializer, **errors(400, 404, 409)},
+)
 class ModuleUpView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Its waiting rows are spread over a few seconds. Logged
     (`module.up`) with the actor; a module already up answers 409 and nothing changes."""
@@ -92,7 +103,8 @@ class ModuleUpView(EventsAPI, APIView):
 
 
 @extend_schema(
-    tags=["modules"], summary="The modules' log: each went down, came back, or had its waiting work given up",
+    tags=["modules"],
+    summary="The modules' log: each went down, came back, or had its waiting work given up",
     parameters=[OpenApiParameter("module", str, description="Only this module's entries.")],
     responses={200: s.ModuleEventSerializer(many=True), **errors(400, 404)},
 )
@@ -112,8 +124,9 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
         return entries
 
 
-@extend_schema(tags=["modules"], summary="One module's log", responses={200: s.ModuleEventSerializer(many=True),
-                                                                         **errors(404)})
+@extend_schema(
+    tags=["modules"], summary="One module's log", responses={200: s.ModuleEventSerializer(many=True), **errors(404)}
+)
 class ModuleOneLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first; a module never known answers 404."""
 

@@ -101,8 +101,19 @@ class StepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Step
-        fields = ["id", "position", "action", "params", "idempotency_key", "status", "attempts", "last_error",
-                  "next_attempt_at", "started_at", "finished_at"]
+        fields = [
+            "id",
+            "position",
+            "action",
+            "params",
+            "idempotency_key",
+            "status",
+            "attempts",
+            "last_error",
+            "next_attempt_at",
+            "started_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
 
@@ -111,8 +122,17 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = ["id", "name", "status", "cleanup_status", "auto_cleanup", "unresolved", "created_at",
-                  "updated_at", "ended_at"]
+        fields = [
+            "id",
+            "name",
+            "status",
+            "cleanup_status",
+            "auto_cleanup",
+            "unresolved",
+            "created_at",
+            "updated_at",
+            "ended_at",
+        ]
         read_only_fields = fields
 
 
@@ -136,14 +156,35 @@ class WaitingListSerializer(serializers.ListSerializer):
 class ResourceSerializer(serializers.ModelSerializer):
     waiting = serializers.SerializerMethodField(
         help_text='Why the sweep does not try the row now: "waiting: <module> is down since <time> (<error>)"; '
-                  "null unless its module is down."
+        "null unless its module is down."
     )
 
     class Meta:
         model = Resource
-        fields = ["id", "run", "step", "module", "action", "kind", "ref", "member_key", "payload", "state",
-                  "revert_attempts", "retryable", "last_error", "next_attempt_at", "waiting", "resurrected_from",
-                  "created_at", "updated_at", "resolved_at", "waived_reason", "waived_by", "waived_at"]
+        fields = [
+            "id",
+            "run",
+            "step",
+            "module",
+            "action",
+            "kind",
+            "ref",
+            "member_key",
+            "payload",
+            "state",
+            "revert_attempts",
+            "retryable",
+            "last_error",
+            "next_attempt_at",
+            "waiting",
+            "resurrected_from",
+            "created_at",
+            "updated_at",
+            "resolved_at",
+            "waived_reason",
+            "waived_by",
+            "waived_at",
+        ]
         read_only_fields = fields
         list_serializer_class = WaitingListSerializer
 
@@ -220,9 +261,11 @@ class PlanRowSerializer(serializers.Serializer):
 
 
 class PlanGroupSerializer(serializers.Serializer):
-    next = serializers.CharField(help_text='What the next pass does: "restore", "hand down", "revert", '
-                                 '"leave (drifted)", "waiting for a person" or "being given back now".')
-    verb = serializers.CharField(allow_null=True, help_text='The call that gives the group back, or null.')
+    next = serializers.CharField(
+        help_text='What the next pass does: "restore", "hand down", "revert", '
+        '"leave (drifted)", "waiting for a person" or "being given back now".'
+    )
+    verb = serializers.CharField(allow_null=True, help_text="The call that gives the group back, or null.")
     problem = serializers.CharField(allow_null=True, help_text="Why no call can, or null.")
     rows = PlanRowSerializer(many=True)
 

@@ -59,9 +59,9 @@ def actor(request):
 def runs():
     """Runs with their count of unresolved rows, as every run the API shows carries it."""
     # Explicitly newest first: Meta.ordering is not applied to an aggregating query.
-    return Run.objects.annotate(
-        unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))
-    ).order_by("-id")
+    return Run.objects.annotate(unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))).order_by(
+        "-id"
+    )
 
 
 def get_run(pk):
@@ -218,8 +218,11 @@ class RunCleanupView(EventsAPI, APIView):
 @extend_schema(
     tags=["runs"],
     summary="What the next cleanup pass would do, without doing it",
-    parameters=[OpenApiParameter("live", str, enum=["1", "true"],
-                                 description="Also read each leased target's live value through its lease.")],
+    parameters=[
+        OpenApiParameter(
+            "live", str, enum=["1", "true"], description="Also read each leased target's live value through its lease."
+        )
+    ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
 )
 class RunCleanupPlanView(EventsAPI, APIView):
@@ -272,8 +275,9 @@ class RunLogView(EventsAPI, generics.ListAPIView):
     parameters=[
         choice_param("state", ResourceState, "Only rows in this state."),
         OpenApiParameter("module", str, description="Only rows of this module."),
-        OpenApiParameter("run", {"type": "integer", "minimum": 1, "maximum": MAX_ID},
-                         description="Only rows of this run."),
+        OpenApiParameter(
+            "run", {"type": "integer", "minimum": 1, "maximum": MAX_ID}, description="Only rows of this run."
+        ),
     ],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
@@ -325,9 +329,7 @@ class ResourceWaiveView(EventsAPI, APIView):
         waived = waive([row], body.validated_data["reason"], actor(request))
         row.refresh_from_db()
         if not waived:
-            raise Conflict(
-                f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived"
-            )
+            raise Conflict(f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived")
         return Response(s.ResourceSerializer(row).data)
 
 
@@ -364,8 +366,9 @@ def counts(queryset, field, choices):
     return {**dict.fromkeys(choices.values, 0), **found}
 
 
-@extend_schema(tags=["summary"], summary="Runs and ledger rows counted", responses={200: s.SummarySerializer,
-                                                                                     **errors()})
+@extend_schema(
+    tags=["summary"], summary="Runs and ledger rows counted", responses={200: s.SummarySerializer, **errors()}
+)
 class SummaryView(EventsAPI, APIView):
     """Needs `cleanup.view_run` and `cleanup.view_resource`."""
 

@@ -137,8 +137,11 @@ def figures(run_ids):
     ended = max(ended_at.values())
     passes = RunLog.objects.filter(run_id__in=run_ids, kind="cleanup.swept")
     rows = Resource.objects.filter(run_id__in=run_ids)
-    given_back = max(at for at in (passes.aggregate(at=Max("at"))["at"], rows.aggregate(at=Max("resolved_at"))["at"])
-                     if at is not None)
+    given_back = max(
+        at
+        for at in (passes.aggregate(at=Max("at"))["at"], rows.aggregate(at=Max("resolved_at"))["at"])
+        if at is not None
+    )
     creatures = Counter(rows.exclude(kind=STEP_KIND).values_list("state", flat=True))
     return {
         "seconds": (given_back - ended).total_seconds(),

@@ -72,8 +72,16 @@ class Bench:
         self.url = scratch_url()
         self.after = 0  # runs up to this id are history, never touched by a way
         self.analyzed = False
-        self.figures = {"sweep": [], "statements": [], "rss": [], "plain_sql": [], "plain_statements": [],
-                        "row_at_a_time": [], "row_statements": [], "workers2": []}
+        self.figures = {
+            "sweep": [],
+            "statements": [],
+            "rss": [],
+            "plain_sql": [],
+            "plain_statements": [],
+            "row_at_a_time": [],
+            "row_statements": [],
+            "workers2": [],
+        }
         self.reverted = {}  # way: the fewest rows it gave back in any repeat
 
     def run(self):
@@ -97,8 +105,14 @@ class Bench:
 
     def reseed(self, label):
         self.progress.phase(f"{label}: seeding")
-        made = seed.reseed_work(self.conn, self.after, self.o.runs, self.o.steps, self.o.resources,
-                                analyze=not self.after or not self.analyzed)
+        made = seed.reseed_work(
+            self.conn,
+            self.after,
+            self.o.runs,
+            self.o.steps,
+            self.o.resources,
+            analyze=not self.after or not self.analyzed,
+        )
         self.analyzed = True
         self.progress.phase(label, self.o.rows)
         return made
@@ -144,9 +158,14 @@ class Bench:
         self.reseed(label)
         conn, action = Counted(self.conn), Instant(self.o.latency_ms)
         seconds, _, _ = plain_sql.sweep(
-            conn, action, batch=setting("EVENT_CLEANUP_RUN_BATCH"), concurrency=PLAIN_SQL_CONCURRENCY,
-            max_attempts=max_revert_attempts(), timeout_s=claim_timeout_s(),
-            backoff_s=setting("EVENT_REVERT_BACKOFF_S"), progress=self.progress.advance,
+            conn,
+            action,
+            batch=setting("EVENT_CLEANUP_RUN_BATCH"),
+            concurrency=PLAIN_SQL_CONCURRENCY,
+            max_attempts=max_revert_attempts(),
+            timeout_s=claim_timeout_s(),
+            backoff_s=setting("EVENT_REVERT_BACKOFF_S"),
+            progress=self.progress.advance,
         )
         self.check("plain_sql", label, calls=action.calls, exact_calls=True)
         self.figures["plain_sql"].append(self.o.rows / seconds)
@@ -156,8 +175,11 @@ class Bench:
         self.reseed(label)
         conn, action = Counted(self.conn), Instant(self.o.latency_ms)
         seconds, _ = row_at_a_time.sweep(
-            conn, action, batch=setting("EVENT_CLEANUP_RUN_BATCH"),
-            groups_per_run=setting("EVENT_CLEANUP_GROUPS_PER_RUN"), max_attempts=max_revert_attempts(),
+            conn,
+            action,
+            batch=setting("EVENT_CLEANUP_RUN_BATCH"),
+            groups_per_run=setting("EVENT_CLEANUP_GROUPS_PER_RUN"),
+            max_attempts=max_revert_attempts(),
             progress=self.progress.advance,
         )
         self.check("row_at_a_time", label, calls=action.calls, exact_calls=True)
@@ -182,12 +204,22 @@ class Bench:
         result = {
             "rows": self.o.rows,
             "groups": self.o.groups,
-            "sweep": {"rows_per_s": _r(f["sweep"]), "queries_per_group": _r(f["statements"], 2),
-                      "peak_rss_mb": _r(max(self.figures["rss"])), "reverted": self.reverted["sweep"]},
-            "plain_sql": {"rows_per_s": _r(f["plain_sql"]), "queries_per_group": _r(f["plain_statements"], 2),
-                          "reverted": self.reverted["plain_sql"]},
-            "row_at_a_time": {"rows_per_s": _r(f["row_at_a_time"]), "queries_per_group": _r(f["row_statements"], 2),
-                              "reverted": self.reverted["row_at_a_time"]},
+            "sweep": {
+                "rows_per_s": _r(f["sweep"]),
+                "queries_per_group": _r(f["statements"], 2),
+                "peak_rss_mb": _r(max(self.figures["rss"])),
+                "reverted": self.reverted["sweep"],
+            },
+            "plain_sql": {
+                "rows_per_s": _r(f["plain_sql"]),
+                "queries_per_group": _r(f["plain_statements"], 2),
+                "reverted": self.reverted["plain_sql"],
+            },
+            "row_at_a_time": {
+                "rows_per_s": _r(f["row_at_a_time"]),
+                "queries_per_group": _r(f["row_statements"], 2),
+                "reverted": self.reverted["row_at_a_time"],
+            },
             "ratio_to_plain_sql": _r(f["sweep"] / f["plain_sql"], 3),
             "ratio_to_row_at_a_time": _r(f["sweep"] / f["row_at_a_time"], 3),
             "finder_ms": {"no_history": _r(finder["no_history"], 3), "with_history": _r(finder["with_history"], 3)},

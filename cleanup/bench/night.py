@@ -74,7 +74,9 @@ class Night:
         self.progress.phase("starting the shard, the driver and the cluster")
         self.shard = self.child(Shard())
         env = child_env(
-            self.url, settings_module="eventsite.settings", SANDBOX_SHARD_URL=self.shard.url,
+            self.url,
+            settings_module="eventsite.settings",
+            SANDBOX_SHARD_URL=self.shard.url,
             # One key for the driver and the cluster: it signs the tasks. One queue name of
             # the bench's own, so that no other cluster on the same Redis takes its tasks.
             SECRET_KEY=os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24),
@@ -87,8 +89,11 @@ class Night:
         self.driver.ask(do="ping")  # the cluster answers: its start-up work is queued before
         broker = self.driver.ask(do="settle")["broker"]
         conf = settings.Q_CLUSTER
-        self.queue = {"broker": broker, "poll_s": conf.get("poll") if broker == "ORM" else None,
-                      "cluster_workers": conf.get("workers")}
+        self.queue = {
+            "broker": broker,
+            "poll_s": conf.get("poll") if broker == "ORM" else None,
+            "cluster_workers": conf.get("workers"),
+        }
 
     def child(self, child):
         self.children.append(child)
@@ -108,8 +113,13 @@ class Night:
             ms.append(got["seconds"] * 1000)
             if got["queued_ms"] is not None:
                 queued.append(got["queued_ms"])
-        return {"median": _r(statistics.median(ms)), "p90": _r(p90(ms)), "samples": [_r(x) for x in ms],
-                "queued_median": _r(_median(queued)), "queue_hop_median": _r(statistics.median(hops))}
+        return {
+            "median": _r(statistics.median(ms)),
+            "p90": _r(p90(ms)),
+            "samples": [_r(x) for x in ms],
+            "queued_median": _r(_median(queued)),
+            "queue_hop_median": _r(statistics.median(hops)),
+        }
 
     def repeated(self, label, runs, steps):
         seconds, last = [], None
@@ -119,9 +129,14 @@ class Night:
             self.progress.phase(f"{label} {n}/{self.o.repeats}: giving back {runs * steps * self.o.creatures:,} rows")
             last = self.end_and_clean(ids, steps * self.o.creatures)
             seconds.append(last["seconds"])
-        return {"runs": runs, "groups": runs * steps, "rows": runs * steps * self.o.creatures,
-                "seconds": _r(statistics.median(seconds), 3), "all": [_r(s, 3) for s in seconds],
-                "passes": last["passes"]}
+        return {
+            "runs": runs,
+            "groups": runs * steps,
+            "rows": runs * steps * self.o.creatures,
+            "seconds": _r(statistics.median(seconds), 3),
+            "all": [_r(s, 3) for s in seconds],
+            "passes": last["passes"],
+        }
 
     def perform(self, label, runs, steps, creatures):
         """Runs whose spawns are done and that now wait, with the cluster idle and the shard slow."""

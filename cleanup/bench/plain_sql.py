@@ -82,8 +82,9 @@ def call_group(action, rows):
         error = str(answer.get("error")) if isinstance(answer, dict) else "no envelope"
         return [], {r[0]: error for r in rows}
     failed = set(map(str, answer.get("failed") or []))
-    return [r[0] for r in rows if r[4] not in failed], {r[0]: f"{ACTION_ID} could not give it back"
-                                                      for r in rows if r[4] in failed}
+    return [r[0] for r in rows if r[4] not in failed], {
+        r[0]: f"{ACTION_ID} could not give it back" for r in rows if r[4] in failed
+    }
 
 
 def write_verdicts(conn, token, groups, outcomes, backoff_s):
@@ -107,22 +108,23 @@ def write_verdicts(conn, token, groups, outcomes, backoff_s):
         kinds.append("cleanup.swept")
         details.append(json.dumps({**tally, "by": "bench"}))
     with conn.transaction():
-        conn.execute(VERDICT, {"ids": ids, "states": states, "errors": errors, "token": token,
-                               "backoff": backoff_s})
+        conn.execute(VERDICT, {"ids": ids, "states": states, "errors": errors, "token": token, "backoff": backoff_s})
         conn.execute(LOG_INSERT, {"runs": runs, "kinds": kinds, "details": details})
         conn.execute(STATUS, {"runs": list(per_run)})
 
 
-def sweep(conn, action, *, batch=10, concurrency=8, max_attempts=3, timeout_s=120, backoff_s=30,
-          progress=lambda n: None):
+def sweep(
+    conn, action, *, batch=10, concurrency=8, max_attempts=3, timeout_s=120, backoff_s=30, progress=lambda n: None
+):
     """Sweep every terminal run to the end; answers (seconds, batches, rows claimed)."""
     started = time.perf_counter()
     batches = claimed = 0
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         while True:
             token = uuid.uuid4()
-            rows = conn.execute(CLAIM, {"max": max_attempts, "batch": batch, "token": token,
-                                        "timeout": timeout_s}).fetchall()
+            rows = conn.execute(
+                CLAIM, {"max": max_attempts, "batch": batch, "token": token, "timeout": timeout_s}
+            ).fetchall()
             if not rows:
                 break
             groups = group_rows(rows)

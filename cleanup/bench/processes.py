@@ -32,8 +32,14 @@ def child_env(url, settings_module=None, **extra):
 
     ``settings_module`` None keeps the caller's settings module (the site's when unset).
     """
-    env = {**os.environ, "DATABASE_URL": url, "DEBUG": "0", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
-           "SECRET_KEY": os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DEBUG": "0",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24),
+    }
     env.setdefault("DJANGO_SETTINGS_MODULE", "eventsite.settings")
     if settings_module:
         env["DJANGO_SETTINGS_MODULE"] = settings_module
@@ -55,8 +61,15 @@ class Child:
         self.name = name
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            argv, cwd=settings.BASE_DIR, env=env, stdin=stdin, stdout=stdout or self.log, stderr=self.log,
-            text=True, start_new_session=True, preexec_fn=_die_with_parent,
+            argv,
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdin=stdin,
+            stdout=stdout or self.log,
+            stderr=self.log,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def started(self, wait):

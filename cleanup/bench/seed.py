@@ -22,8 +22,11 @@ TABLES = [m._meta.db_table for m in (RunLog, Resource, Step, Run)]
 
 def run_tables():
     """Every table of the app whose rows belong to a run, the runs last."""
-    owned = [m._meta.db_table for m in apps.get_app_config("cleanup").get_models()
-             if any(f.column == "run_id" for f in m._meta.concrete_fields)]
+    owned = [
+        m._meta.db_table
+        for m in apps.get_app_config("cleanup").get_models()
+        if any(f.column == "run_id" for f in m._meta.concrete_fields)
+    ]
     return [*owned, Run._meta.db_table]
 
 
@@ -59,21 +62,51 @@ def _seed(conn, runs, steps, per_step, resolved):
     """Insert runs, their steps and their rows in one statement; answers the rows made."""
     if runs <= 0 or steps <= 0 or per_step <= 0:
         return 0
-    run = _insert(Run, {
-        "name": "'bench ' || g", "status": "'completed'",
-        "cleanup_status": "'complete'" if resolved else "'pending'",
-        "auto_cleanup": "true", "created_at": "now()", "updated_at": "now()", "ended_at": "now()",
-    }, f"generate_series(1, {int(runs)}) AS g", "id")
-    step = _insert(Step, {
-        "run_id": "runs.id", "position": "p", "action_id": f"'{ACTION_ID}'", "params": "'{}'::jsonb",
-        "idempotency_key": "'bench-' || runs.id || '-' || p", "status": "'done'", "attempts": "1",
-        "last_error": "''", "started_at": "now()", "finished_at": "now()",
-    }, f"runs CROSS JOIN generate_series(0, {int(steps) - 1}) AS p", "id, run_id")
+    run = _insert(
+        Run,
+        {
+            "name": "'bench ' || g",
+            "status": "'completed'",
+            "cleanup_status": "'complete'" if resolved else "'pending'",
+            "auto_cleanup": "true",
+            "created_at": "now()",
+            "updated_at": "now()",
+            "ended_at": "now()",
+        },
+        f"generate_series(1, {int(runs)}) AS g",
+        "id",
+    )
+    step = _insert(
+        Step,
+        {
+            "run_id": "runs.id",
+            "position": "p",
+            "action_id": f"'{ACTION_ID}'",
+            "params": "'{}'::jsonb",
+            "idempotency_key": "'bench-' || runs.id || '-' || p",
+            "status": "'done'",
+            "attempts": "1",
+            "last_error": "''",
+            "started_at": "now()",
+            "finished_at": "now()",
+        },
+        f"runs CROSS JOIN generate_series(0, {int(steps) - 1}) AS p",
+        "id, run_id",
+    )
     rows = {
-        "run_id": "steps.run_id", "step_id": "steps.id", "module": f"'{MODULE}'", "kind": "'creature'",
-        "ref": "'c-' || steps.id || '-' || k", "member_key": "''", "payload": "'{}'::jsonb",
-        "state": "'reverted'" if resolved else "'live'", "revert_attempts": "1" if resolved else "0",
-        "retryable": "true", "last_error": "''", "created_at": "now()", "updated_at": "now()",
+        "run_id": "steps.run_id",
+        "step_id": "steps.id",
+        "module": f"'{MODULE}'",
+        "kind": "'creature'",
+        "ref": "'c-' || steps.id || '-' || k",
+        "member_key": "''",
+        "payload": "'{}'::jsonb",
+        "state": "'reverted'" if resolved else "'live'",
+        "revert_attempts": "1" if resolved else "0",
+        "retryable": "true",
+        "last_error": "''",
+        "created_at": "now()",
+        "updated_at": "now()",
         "resolved_at": "now() - interval '1 day'" if resolved else "NULL",
     }
     if any(f.column == "action" for f in Resource._meta.concrete_fields):
@@ -84,8 +117,9 @@ def _seed(conn, runs, steps, per_step, resolved):
 
 
 def wipe(conn):
-    conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-        sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)))
+    conn.execute(
+        sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(sql.SQL(", ").join(sql.Identifier(t) for t in TABLES))
+    )
 
 
 # Built once after a big seed rather than maintained and checked row by row, which is
@@ -123,8 +157,9 @@ def seed_history(conn, rows):
 
 
 def last_run_id(conn):
-    return conn.execute(sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(
-        sql.Identifier(Run._meta.db_table))).fetchone()[0]
+    return conn.execute(
+        sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(sql.Identifier(Run._meta.db_table))
+    ).fetchone()[0]
 
 
 def reseed_work(conn, after, runs, steps, per_step, analyze=True):
@@ -136,8 +171,9 @@ def reseed_work(conn, after, runs, steps, per_step, analyze=True):
     with conn.transaction():  # the foreign keys are checked at commit, whatever the order
         for table in run_tables():
             column = "id" if table == Run._meta.db_table else "run_id"
-            conn.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(sql.Identifier(table), sql.Identifier(column)),
-                         [after])
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE {} > %s").format(sql.Identifier(table), sql.Identifier(column)), [after]
+            )
     made = _seed(conn, runs, steps, per_step, resolved=False)
     for table in TABLES if analyze else ():
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
@@ -147,6 +183,7 @@ def reseed_work(conn, after, runs, steps, per_step, analyze=True):
 def count_rows(conn, after, states):
     return conn.execute(
         sql.SQL("SELECT count(*) FROM {} WHERE run_id > %s AND state = ANY(%s)").format(
-            sql.Identifier(Resource._meta.db_table)),
+            sql.Identifier(Resource._meta.db_table)
+        ),
         [after, list(states)],
     ).fetchone()[0]

@@ -57,8 +57,11 @@ def time_finder(repeat):
     if finder is None:
         return {"finder": None, "ms": None}
     arguments = [timezone.now(), setting("EVENT_CLEANUP_RUN_BATCH")]
-    positional = [p for p in inspect.signature(finder).parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p
+        for p in inspect.signature(finder).parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     arguments = arguments[: len(positional)]
     claims = _claims(finder, arguments)
     times = []
@@ -84,7 +87,8 @@ def _claims(finder, arguments):
 
     def held():
         return Resource.objects.filter(claim_token__isnull=False).count(), Resource.objects.filter(
-            state="reverting").count()
+            state="reverting"
+        ).count()
 
     with transaction.atomic():
         before = held()

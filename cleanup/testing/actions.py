@@ -87,8 +87,9 @@ class ActionChecks:
                 self.check_revert(*made)
                 self.check_revert_by_key()
             elif not self.has("revert"):
-                report.check("declares revert", False, "a revert(), or nothing it makes can be given back",
-                             "no callable revert")
+                report.check(
+                    "declares revert", False, "a revert(), or nothing it makes can be given back", "no callable revert"
+                )
             self.check_refusals()
             if self.outage is not None:
                 self.check_outage()
@@ -119,29 +120,41 @@ class ActionChecks:
                 got = None if name in str(exc) else f"ValueError({str(exc)!r}), which does not name {name}"
             except Exception as exc:
                 got = f"{type(exc).__name__}: {exc} (validate must raise ValueError)"
-            report.check(f"validate names the bad field ({name})", got is None,
-                         f"ValueError naming {name!r} for {name}={bad[name]!r}", got)
+            report.check(
+                f"validate names the bad field ({name})",
+                got is None,
+                f"ValueError naming {name!r} for {name}={bad[name]!r}",
+                got,
+            )
 
     def check_perform(self):
         """Perform, then again with the same key; answers ``(key, resources)`` or None."""
         report = self.report
         key, answer, first = self.perform(dict(self.params))
-        if not report.check("perform answers resources", first.ok, '{"ok": True, "resources": [...]}',
-                            first.error or describe(answer)):
+        if not report.check(
+            "perform answers resources", first.ok, '{"ok": True, "resources": [...]}', first.error or describe(answer)
+        ):
             return None
         refs = sorted(r["ref"] for r in first.resources)
         _, answer, second = self.perform(dict(self.params), key)
         again = sorted(r["ref"] for r in second.resources) if second.ok else None
-        report.check("perform twice with one key makes the same refs and nothing new", again == refs,
-                     f"the same refs {refs}", f"{again}" if second.ok else second.error)
+        report.check(
+            "perform twice with one key makes the same refs and nothing new",
+            again == refs,
+            f"the same refs {refs}",
+            f"{again}" if second.ok else second.error,
+        )
         if not first.resources:
             report.skip("revert gives back what perform made", "perform made nothing with these params")
             return None
         if self.has("reconcile"):
             reply = self.in_force(first.resources)
-            report.check("reconcile reports what perform made as in force",
-                         reply.ok and reply.value >= set(refs), f"in_force containing {refs}",
-                         sorted(reply.value) if reply.ok else reply.error)
+            report.check(
+                "reconcile reports what perform made as in force",
+                reply.ok and reply.value >= set(refs),
+                f"in_force containing {refs}",
+                sorted(reply.value) if reply.ok else reply.error,
+            )
         return key, first.resources
 
     def check_revert(self, key, resources):
@@ -149,28 +162,49 @@ class ActionChecks:
         resources = list(resources)
         half = resources[: max(1, len(resources) // 2)]
         _, verdict = self.revert(half, key)
-        report.check("revert of part of a step's rows answers success", _done(verdict),
-                     '{"ok": True, "failed": []}', _said(verdict))
+        report.check(
+            "revert of part of a step's rows answers success",
+            _done(verdict),
+            '{"ok": True, "failed": []}',
+            _said(verdict),
+        )
         _, verdict = self.revert(resources, key)
-        report.check("revert gives back what perform made (some already gone)", _done(verdict),
-                     '{"ok": True, "failed": []}', _said(verdict))
+        report.check(
+            "revert gives back what perform made (some already gone)",
+            _done(verdict),
+            '{"ok": True, "failed": []}',
+            _said(verdict),
+        )
         _, verdict = self.revert(resources, key)
-        report.check("a second revert of the same rows answers success", _done(verdict),
-                     '{"ok": True, "failed": []}', _said(verdict))
-        report.check("failed names only refs it was asked about", not self.asked_failed,
-                     "refs of the list handed over", f"{sorted(set(self.asked_failed))}")
+        report.check(
+            "a second revert of the same rows answers success",
+            _done(verdict),
+            '{"ok": True, "failed": []}',
+            _said(verdict),
+        )
+        report.check(
+            "failed names only refs it was asked about",
+            not self.asked_failed,
+            "refs of the list handed over",
+            f"{sorted(set(self.asked_failed))}",
+        )
         self.check_gone("reconcile after a revert reports nothing in force", resources)
 
     def check_revert_by_key(self):
         report = self.report
         key, answer, performed = self.perform(dict(self.params))
         if not performed.ok:
-            report.check("revert of an empty list by key succeeds", False, "a perform to revert",
-                         performed.error or describe(answer))
+            report.check(
+                "revert of an empty list by key succeeds",
+                False,
+                "a perform to revert",
+                performed.error or describe(answer),
+            )
             return
         _, verdict = self.revert([], key)
-        report.check("revert of an empty list by key succeeds", _done(verdict), '{"ok": True, "failed": []}',
-                     _said(verdict))
+        report.check(
+            "revert of an empty list by key succeeds", _done(verdict), '{"ok": True, "failed": []}', _said(verdict)
+        )
         if performed.resources:
             self.check_gone("revert of an empty list gives back what the key made", performed.resources)
 
@@ -179,8 +213,12 @@ class ActionChecks:
             self.report.skip(name, "the action has no reconcile(), so the kit cannot look")
             return
         reply = self.in_force(resources)
-        self.report.check(name, reply.ok and not reply.value, '{"ok": True, "in_force": []}',
-                          f"still in force: {sorted(reply.value)}" if reply.ok else reply.error)
+        self.report.check(
+            name,
+            reply.ok and not reply.value,
+            '{"ok": True, "in_force": []}',
+            f"still in force: {sorted(reply.value)}" if reply.ok else reply.error,
+        )
 
     def check_refusals(self):
         """Bad input gets an envelope, and a perform with bad params a terminal one."""
@@ -188,19 +226,28 @@ class ActionChecks:
         if self.params:
             name, value = next(iter(self.params.items()))
             _, answer, performed = self.perform({**self.params, name: wrong_value(value)})
-            report.check(f"perform refuses a bad {name} as a terminal failure",
-                         not performed.ok and not performed.retry and not answer.exception,
-                         '{"ok": False, "error": "...", "retry": False}', describe(answer))
+            report.check(
+                f"perform refuses a bad {name} as a terminal failure",
+                not performed.ok and not performed.retry and not answer.exception,
+                '{"ok": False, "error": "...", "retry": False}',
+                describe(answer),
+            )
         if self.has("revert"):
             answer, _ = self.revert([{"kind": "thing"}], new_key())
-            report.check("revert of a malformed resource list answers a failure",
-                         not answer.exception and _refused(answer), '{"ok": False, "error": ...}',
-                         describe(answer))
+            report.check(
+                "revert of a malformed resource list answers a failure",
+                not answer.exception and _refused(answer),
+                '{"ok": False, "error": ...}',
+                describe(answer),
+            )
         if self.has("reconcile"):
             answer = self.call("reconcile", run_id=RUN_ID, resources=[{"kind": "thing"}])
-            report.check("reconcile of a malformed resource list answers a failure",
-                         not answer.exception and _refused(answer), '{"ok": False, "error": ...}',
-                         describe(answer))
+            report.check(
+                "reconcile of a malformed resource list answers a failure",
+                not answer.exception and _refused(answer),
+                '{"ok": False, "error": ...}',
+                describe(answer),
+            )
 
     def check_outage(self):
         report = self.report
@@ -210,17 +257,26 @@ class ActionChecks:
             _, answer, performed = self.perform(dict(self.params))
             revert_answer, verdict = self.revert(known, new_key()) if self.has("revert") else (None, None)
             reply = self.in_force(known)
-        report.check("with the backend down, perform answers a failure to retry",
-                     not performed.ok and performed.retry, '{"ok": False, "error": "...", "retry": True}',
-                     describe(answer))
+        report.check(
+            "with the backend down, perform answers a failure to retry",
+            not performed.ok and performed.retry,
+            '{"ok": False, "error": "...", "retry": True}',
+            describe(answer),
+        )
         if verdict is not None:
-            report.check("with the backend down, revert answers a failure to retry",
-                         verdict.outcome == Outcome.RETRY, '{"ok": False, "error": "...", "retry": True}',
-                         describe(revert_answer))
+            report.check(
+                "with the backend down, revert answers a failure to retry",
+                verdict.outcome == Outcome.RETRY,
+                '{"ok": False, "error": "...", "retry": True}',
+                describe(revert_answer),
+            )
         if reply is not None:
-            report.check("with the backend down, reconcile answers a failure, never a list",
-                         not reply.ok, '{"ok": False, "error": "...", "retry": True}',
-                         f"in_force {sorted(reply.value)}" if reply.ok else reply.error)
+            report.check(
+                "with the backend down, reconcile answers a failure, never a list",
+                not reply.ok,
+                '{"ok": False, "error": "...", "retry": True}',
+                f"in_force {sorted(reply.value)}" if reply.ok else reply.error,
+            )
 
     def clean_up(self):
         """Give back everything any check made, by key and by ref, and say what is left."""
@@ -233,8 +289,12 @@ class ActionChecks:
         if everything and self.has("reconcile"):
             reply = self.in_force(everything)
             left = sorted(reply.value) if reply.ok else None
-            self.report.check("the kit's own cleanup leaves nothing in force", reply.ok and not left,
-                              "nothing in force", f"still in force: {left}" if reply.ok else reply.error)
+            self.report.check(
+                "the kit's own cleanup leaves nothing in force",
+                reply.ok and not left,
+                "nothing in force",
+                f"still in force: {left}" if reply.ok else reply.error,
+            )
 
 
 def _done(verdict):

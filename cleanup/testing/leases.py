@@ -53,13 +53,18 @@ class LeaseChecks:
         report.check("is registered with a module name", bool(self.lease.module), "a module name", "none")
         self.check_validate()
         answer, reply = self.read()
-        if not report.check("read answers the value in force", reply.ok, '{"ok": True, "value": ...}',
-                            reply.error or describe(answer)):
+        if not report.check(
+            "read answers the value in force", reply.ok, '{"ok": True, "value": ...}', reply.error or describe(answer)
+        ):
             self.call.report_on_calls(report)
             return report
         self.original = reply.value
-        if not report.check("the value to apply differs from the value in force", self.value != self.original,
-                            f"a value other than {self.original!r}", f"{self.value!r}"):
+        if not report.check(
+            "the value to apply differs from the value in force",
+            self.value != self.original,
+            f"a value other than {self.original!r}",
+            f"{self.value!r}",
+        ):
             self.call.report_on_calls(report)
             return report
         try:
@@ -94,26 +99,45 @@ class LeaseChecks:
             got = None if str(exc).strip() else "ValueError without a message"
         except Exception as exc:
             got = f"{type(exc).__name__}: {exc} (validate must raise ValueError)"
-        self.report.check("validate refuses with a ValueError that says why", got is None,
-                          f"ValueError with a message for {bad!r}", got)
+        self.report.check(
+            "validate refuses with a ValueError that says why",
+            got is None,
+            f"ValueError with a message for {bad!r}",
+            got,
+        )
 
     def check_round_trip(self):
         report = self.report
         answer, reply = self.apply(self.value)
         report.check("apply answers success", reply.ok, '{"ok": True}', reply.error or describe(answer))
         answer, reply = self.read()
-        report.check("read after apply answers the applied value", reply.ok and reply.value == self.value,
-                     repr(self.value), repr(reply.value) if reply.ok else reply.error)
+        report.check(
+            "read after apply answers the applied value",
+            reply.ok and reply.value == self.value,
+            repr(self.value),
+            repr(reply.value) if reply.ok else reply.error,
+        )
         answer, verdict = self.restore(self.value)
-        report.check("restore over the applied value answers success", verdict.outcome == Outcome.DONE,
-                     '{"ok": True}', describe(answer))
+        report.check(
+            "restore over the applied value answers success",
+            verdict.outcome == Outcome.DONE,
+            '{"ok": True}',
+            describe(answer),
+        )
         answer, reply = self.read()
-        report.check("read, apply and restore round-trip to the original value",
-                     reply.ok and reply.value == self.original, repr(self.original),
-                     repr(reply.value) if reply.ok else reply.error)
+        report.check(
+            "read, apply and restore round-trip to the original value",
+            reply.ok and reply.value == self.original,
+            repr(self.original),
+            repr(reply.value) if reply.ok else reply.error,
+        )
         answer, verdict = self.restore(self.value)
-        report.check("restore when the baseline is already in place succeeds", verdict.outcome == Outcome.DONE,
-                     '{"ok": True}', describe(answer))
+        report.check(
+            "restore when the baseline is already in place succeeds",
+            verdict.outcome == Outcome.DONE,
+            '{"ok": True}',
+            describe(answer),
+        )
 
     def check_drift(self):
         report = self.report
@@ -128,17 +152,28 @@ class LeaseChecks:
             report.check(name, False, f"apply({other!r}) to stand for someone else", reply.error)
             return
         answer, verdict = self.restore(self.value)
-        report.check(name, verdict.outcome == Outcome.DRIFTED and verdict.current == other,
-                     f'{{"ok": False, "drifted": True, "current": {other!r}}}', describe(answer))
+        report.check(
+            name,
+            verdict.outcome == Outcome.DRIFTED and verdict.current == other,
+            f'{{"ok": False, "drifted": True, "current": {other!r}}}',
+            describe(answer),
+        )
         answer, reply = self.read()
-        report.check("restore leaves someone else's value alone", reply.ok and reply.value == other,
-                     repr(other), repr(reply.value) if reply.ok else reply.error)
+        report.check(
+            "restore leaves someone else's value alone",
+            reply.ok and reply.value == other,
+            repr(other),
+            repr(reply.value) if reply.ok else reply.error,
+        )
 
     def check_missing_target(self):
         answer = self.call("read", target=f"kit-no-such-target-{uuid.uuid4().hex[:12]}")
-        self.report.check("read of a target that does not exist answers a value or a failure",
-                          not answer.exception and isinstance(answer.raw, dict), '{"ok": ...} envelope',
-                          describe(answer))
+        self.report.check(
+            "read of a target that does not exist answers a value or a failure",
+            not answer.exception and isinstance(answer.raw, dict),
+            '{"ok": ...} envelope',
+            describe(answer),
+        )
 
     def check_outage(self):
         report = self.report
@@ -146,13 +181,24 @@ class LeaseChecks:
             read_answer, read = self.read()
             apply_answer, applied = self.apply(self.value)
             restore_answer, verdict = self.restore(self.value)
-        report.check("with the backend down, read answers a failure to retry", not read.ok and read.retry,
-                     '{"ok": False, "error": "...", "retry": True}', describe(read_answer))
-        report.check("with the backend down, apply answers a failure to retry", not applied.ok and applied.retry,
-                     '{"ok": False, "error": "...", "retry": True}', describe(apply_answer))
-        report.check("with the backend down, restore answers a failure to retry",
-                     verdict.outcome == Outcome.RETRY, '{"ok": False, "error": "...", "retry": True}',
-                     describe(restore_answer))
+        report.check(
+            "with the backend down, read answers a failure to retry",
+            not read.ok and read.retry,
+            '{"ok": False, "error": "...", "retry": True}',
+            describe(read_answer),
+        )
+        report.check(
+            "with the backend down, apply answers a failure to retry",
+            not applied.ok and applied.retry,
+            '{"ok": False, "error": "...", "retry": True}',
+            describe(apply_answer),
+        )
+        report.check(
+            "with the backend down, restore answers a failure to retry",
+            verdict.outcome == Outcome.RETRY,
+            '{"ok": False, "error": "...", "retry": True}',
+            describe(restore_answer),
+        )
 
     def put_back(self):
         """Put the original value back over whatever the checks left in place."""
@@ -160,9 +206,12 @@ class LeaseChecks:
         if reply.ok and reply.value != self.original:
             self.restore(reply.value)
             _, reply = self.read()
-        self.report.check("the kit's own cleanup puts the original value back",
-                          reply.ok and reply.value == self.original, repr(self.original),
-                          repr(reply.value) if reply.ok else reply.error)
+        self.report.check(
+            "the kit's own cleanup puts the original value back",
+            reply.ok and reply.value == self.original,
+            repr(self.original),
+            repr(reply.value) if reply.ok else reply.error,
+        )
 
 
 def run_lease_checks(lease, target, value, other=None, outage=network_down):

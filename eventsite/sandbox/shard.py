@@ -263,9 +263,7 @@ class World:
         """``(created, answer)``: created is False when the key had already spawned."""
         with self.lock:
             if key in self.revoked:
-                raise BadRequest(
-                    f"key {key!r} was given back; it spawns nothing more", status=409, field="key"
-                )
+                raise BadRequest(f"key {key!r} was given back; it spawns nothing more", status=409, field="key")
             done = self.spawns.get(key)
             if done is not None:
                 if (done["creature"], done["count"], done["at"]) != (creature, count, at):
@@ -465,8 +463,11 @@ def route_post_faults(world, request):
         changes["down"] = value
     if "stuck" in body:
         value = body["stuck"]
-        if (not isinstance(value, list) or len(value) > MAX_STUCK
-                or not all(isinstance(v, str) and v.strip() and len(v) <= MAX_TEXT for v in value)):
+        if (
+            not isinstance(value, list)
+            or len(value) > MAX_STUCK
+            or not all(isinstance(v, str) and v.strip() and len(v) <= MAX_TEXT for v in value)
+        ):
             raise BadRequest(
                 f"stuck must be a list of at most {MAX_STUCK} creature refs or kinds (non-empty strings)",
                 field="stuck",

@@ -29,8 +29,9 @@ class NewThingsOnRepeat(SpawnAction):
     module = MODULE
 
     def perform(self, *, run_id, step_id, params, idempotency_key):
-        return super().perform(run_id=run_id, step_id=step_id, params=params,
-                               idempotency_key=f"{idempotency_key}-{uuid.uuid4().hex[:8]}")
+        return super().perform(
+            run_id=run_id, step_id=step_id, params=params, idempotency_key=f"{idempotency_key}-{uuid.uuid4().hex[:8]}"
+        )
 
 
 class BlindReconcile(SpawnAction):
@@ -97,6 +98,5 @@ class StrictRestore(SpawnerRateLease):
         return {"ok": True} if reply.ok else reply.failure()
 
 
-ACTIONS = [HonestSpawn(), LyingRevert(), NewThingsOnRepeat(), BlindReconcile(), RaisingRevert(),
-           PermanentWhenDown()]
+ACTIONS = [HonestSpawn(), LyingRevert(), NewThingsOnRepeat(), BlindReconcile(), RaisingRevert(), PermanentWhenDown()]
 LEASES = [HonestRate(), OverwritingRestore(), StrictRestore()]

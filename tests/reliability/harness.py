@@ -50,10 +50,16 @@ class Workers:
     def env(self, **extra):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABILITY_")}
         env.update(
-            DATABASE_URL=database_url(), DEBUG="1", DJANGO_SETTINGS_MODULE="tests.reliability.worker_settings",
-            EVENT_REVERT_BACKOFF_S="0", EVENT_CLAIM_TIMEOUT_S=str(CLAIM_TIMEOUT_S),
-            EVENT_REVERT_MAX_ATTEMPTS=str(MAX_ATTEMPTS), EVENT_DEFAULT_BUDGET_MS="1000",
-            RELIABILITY_CALLS=str(self.calls), RELIABILITY_STORE=str(self.store), LOG_LEVEL="ERROR",
+            DATABASE_URL=database_url(),
+            DEBUG="1",
+            DJANGO_SETTINGS_MODULE="tests.reliability.worker_settings",
+            EVENT_REVERT_BACKOFF_S="0",
+            EVENT_CLAIM_TIMEOUT_S=str(CLAIM_TIMEOUT_S),
+            EVENT_REVERT_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
+            EVENT_DEFAULT_BUDGET_MS="1000",
+            RELIABILITY_CALLS=str(self.calls),
+            RELIABILITY_STORE=str(self.store),
+            LOG_LEVEL="ERROR",
         )
         env.update({k: str(v) for k, v in extra.items()})
         return env
@@ -63,8 +69,12 @@ class Workers:
         log = self.calls.with_name(f"process-{len(self.procs)}.log")
         with open(log, "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args], cwd=settings.BASE_DIR, env=self.env(**env),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", module, *args],
+                cwd=settings.BASE_DIR,
+                env=self.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         proc.log = log
         self.procs.append(proc)
@@ -172,8 +182,9 @@ def workers(tmp_path):
 def settled():
     """Nothing claimed and nothing the sweep would still try."""
     return not Resource.objects.filter(state=ResourceState.REVERTING).exists() and not (
-        Resource.objects.filter(state__in=(ResourceState.LIVE, ResourceState.FAILED), retryable=True,
-                                revert_attempts__lt=MAX_ATTEMPTS).exists()
+        Resource.objects.filter(
+            state__in=(ResourceState.LIVE, ResourceState.FAILED), retryable=True, revert_attempts__lt=MAX_ATTEMPTS
+        ).exists()
     )
 
 
@@ -202,6 +213,7 @@ def drive_until_settled(workers, timeout, *, halts=(), concurrency=1):
     halts = list(halts)
     running, killed = [], []
     deadline = time.monotonic() + timeout
+
     def reap():
         for proc, halt in list(running):
             if not workers.alive(proc):

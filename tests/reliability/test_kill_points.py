@@ -9,8 +9,10 @@ from tests.reliability.ledger import ended_runs
 pytestmark = PG_PROCESSES
 
 # Each halt kills its sweeper the N-th time it reaches the point.
-BEFORE_THE_VERDICT = [f"kill:{point}:{n}" for n, point in itertools.product(
-    (1, 2, 3, 1, 2, 3, 1, 2), ("before_call", "during_call", "after_answer"))]
+BEFORE_THE_VERDICT = [
+    f"kill:{point}:{n}"
+    for n, point in itertools.product((1, 2, 3, 1, 2, 3, 1, 2), ("before_call", "during_call", "after_answer"))
+]
 
 
 def test_it_gives_back_every_row_through_kill_9_at_24_points(workers, monkeypatch):

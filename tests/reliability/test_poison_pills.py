@@ -49,8 +49,11 @@ def test_it_never_calls_a_hanging_pill_again_while_its_call_still_runs(workers):
     for _ in range(MAX_ATTEMPTS):
         seen = hang_calls()
         proc = workers.sweeper("--forever")
-        workers.wait_until(lambda seen=seen: hang_calls() > seen, timeout=CLAIM_TIMEOUT_S + 15,
-                           what="the next call of the hanging pill")
+        workers.wait_until(
+            lambda seen=seen: hang_calls() > seen,
+            timeout=CLAIM_TIMEOUT_S + 15,
+            what="the next call of the hanging pill",
+        )
         time.sleep(CLAIM_TIMEOUT_S + 1.5)
         assert workers.overlaps() == [], "the hanging pill was called again while its call still ran"
         proc.kill()

@@ -49,8 +49,12 @@ def test_it_performs_each_step_once_and_gives_each_row_back_once_with_two_cluste
             start_run(f"raid {r}", [{"action": "rel.spawn", "params": {"count": ROWS}} for _ in range(STEPS)])
     env = {"REDIS_URL": REDIS_URL, "Q_NAME": queue_name, "Q_WORKERS": "2"}
     clusters = [workers.start("qcluster", module="manage", RELIABILITY_CLUSTER=name, **env) for name in "ab"]
-    kick = [sys.executable, "-c", "import django; django.setup(); from django_q.tasks import async_task;"
-            "[async_task('cleanup.tasks.tick_task') for _ in range(4)]"]
+    kick = [
+        sys.executable,
+        "-c",
+        "import django; django.setup(); from django_q.tasks import async_task;"
+        "[async_task('cleanup.tasks.tick_task') for _ in range(4)]",
+    ]
 
     def done():
         return not Run.objects.exclude(status="completed", cleanup_status="complete").exists()

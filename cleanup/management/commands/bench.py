@@ -44,22 +44,37 @@ class Command(BaseCommand):
         sweep.add_argument("--workers", type=int, choices=[1, 2], help="2: also two sweepers at once (1)")
         sweep.add_argument("--latency-ms", type=non_negative, help="the module's delay per call (0)")
         nights = parser.add_argument_group("--night: time to clean, a big night and one long run")
-        nights.add_argument("--night", action="store_true",
-                            help="start a sandbox shard and `manage.py qcluster` and time how soon ended runs are "
-                                 "given back (ORM broker, or Redis when REDIS_URL is set; Q_POLL applies)")
-        nights.add_argument("--samples", type=positive,
-                            help=f"time to clean: one-creature runs ended one at a time, idle ({NIGHT.samples})")
+        nights.add_argument(
+            "--night",
+            action="store_true",
+            help="start a sandbox shard and `manage.py qcluster` and time how soon ended runs are "
+            "given back (ORM broker, or Redis when REDIS_URL is set; Q_POLL applies)",
+        )
+        nights.add_argument(
+            "--samples",
+            type=positive,
+            help=f"time to clean: one-creature runs ended one at a time, idle ({NIGHT.samples})",
+        )
         nights.add_argument("--night-runs", type=positive, help=f"big night: runs ended together ({NIGHT.runs})")
         nights.add_argument("--night-steps", type=positive, help=f"big night: spawns (groups) per run ({NIGHT.steps})")
-        nights.add_argument("--creatures", type=positive,
-                            help=f"creatures (rows) per spawn, in the big night and the long run ({NIGHT.creatures})")
-        nights.add_argument("--long-steps", type=positive,
-                            help=f"the long run: its spawns (groups), one run alone ({NIGHT.long_steps})")
-        nights.add_argument("--shard-latency-ms", type=non_negative,
-                            help=f"the shard's delay per answer while runs are given back ({NIGHT.latency_ms})")
-        parser.add_argument("--repeats", type=positive,
-                            help=f"figures are medians of this many ({SWEEP.repeats}; with --night, of the big "
-                                 "night and the long run)")
+        nights.add_argument(
+            "--creatures",
+            type=positive,
+            help=f"creatures (rows) per spawn, in the big night and the long run ({NIGHT.creatures})",
+        )
+        nights.add_argument(
+            "--long-steps", type=positive, help=f"the long run: its spawns (groups), one run alone ({NIGHT.long_steps})"
+        )
+        nights.add_argument(
+            "--shard-latency-ms",
+            type=non_negative,
+            help=f"the shard's delay per answer while runs are given back ({NIGHT.latency_ms})",
+        )
+        parser.add_argument(
+            "--repeats",
+            type=positive,
+            help=f"figures are medians of this many ({SWEEP.repeats}; with --night, of the big night and the long run)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON line")
 
     def handle(self, *args, **o):
@@ -82,6 +97,13 @@ class Command(BaseCommand):
         return measure.Options(**given)
 
     def night_options(self, o):
-        names = {"samples": "samples", "night_runs": "runs", "night_steps": "steps", "creatures": "creatures",
-                 "long_steps": "long_steps", "shard_latency_ms": "latency_ms", "repeats": "repeats"}
+        names = {
+            "samples": "samples",
+            "night_runs": "runs",
+            "night_steps": "steps",
+            "creatures": "creatures",
+            "long_steps": "long_steps",
+            "shard_latency_ms": "latency_ms",
+            "repeats": "repeats",
+        }
         return night.NightOptions(**{field: o[name] for name, field in names.items() if o[name] is not None})

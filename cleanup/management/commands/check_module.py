@@ -31,12 +31,12 @@ class Command(EventCommand):
         parser.add_argument("--value", help="the value to lease, JSON or plain text; not the value in force")
         parser.add_argument("--other-value", help="stands for someone else's value in the drift check")
         parser.add_argument(
-            "--no-outage", action="store_true",
+            "--no-outage",
+            action="store_true",
             help="skip the checks that refuse the network to see failures answered as retryable",
         )
 
-    def handle(self, *args, id, params=None, target=None, value=None, other_value=None, no_outage=False,
-               **options):
+    def handle(self, *args, id, params=None, target=None, value=None, other_value=None, no_outage=False, **options):
         outage = None if no_outage else testing.network_down
         if registry.get_action(id) is not None:
             parsed = _json(params, "--params") if params is not None else {}
@@ -47,8 +47,7 @@ class Command(EventCommand):
             if target is None or value is None:
                 raise CommandError(f"{id} is a lease: give --target and --value")
             other = _value(other_value) if other_value is not None else None
-            report = testing.run_lease_checks(registry.get_lease(id), target, _value(value), other=other,
-                                              outage=outage)
+            report = testing.run_lease_checks(registry.get_lease(id), target, _value(value), other=other, outage=outage)
         else:
             known = ", ".join(sorted([*registry.actions(), *registry.leases()])) or "none"
             raise CommandError(f"no module registers an action or a lease {id!r} (registered: {known})")

@@ -55,9 +55,11 @@ class Command(EventCommand):
         waiting = waiting.aggregate(n=Count("id"), until=Min("next_attempt_at"))
         if waiting["n"]:
             until = waiting["until"].isoformat(timespec="seconds")
-            self.stdout.write(f"{waiting['n']} row(s) wait for their backoff, the first until {until}; "
-                              "--now tries them now")
+            self.stdout.write(
+                f"{waiting['n']} row(s) wait for their backoff, the first until {until}; --now tries them now"
+            )
         stuck = rows.unresolved().exclude(pk__in=rows.retryable(ceiling).values("pk")).count()
         if stuck:
-            self.stdout.write(f"{stuck} row(s) wait for a person (no attempt left, or refused for good); "
-                              "--reset tries them again")
+            self.stdout.write(
+                f"{stuck} row(s) wait for a person (no attempt left, or refused for good); --reset tries them again"
+            )

@@ -1,4 +1,3 @@
-
 from cleanup.management.base import EventCommand
 from cleanup.sweep import sweep
 from cleanup.tasks import notice_staff

@@ -1,4 +1,3 @@
-
 from cleanup.management.base import EventCommand
 from cleanup.runner import tick
 from cleanup.tasks import notice_staff

@@ -12,8 +12,14 @@ class Command(EventCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("run_id", nargs="?", type=int, help="waive every unresolved row of this run")
-        parser.add_argument("--row", type=int, action="append", dest="rows", metavar="ID",
-                            help="waive this ledger row (repeat for several) instead of a whole run")
+        parser.add_argument(
+            "--row",
+            type=int,
+            action="append",
+            dest="rows",
+            metavar="ID",
+            help="waive this ledger row (repeat for several) instead of a whole run",
+        )
         parser.add_argument("--reason", required=True, help="why nobody will give it back")
         parser.add_argument("--actor", required=True, help="who decided (logged)")
 
@@ -36,6 +42,7 @@ class Command(EventCommand):
             if missing:
                 raise CommandError(f"there is no ledger row {', '.join(map(str, missing))}")
         waived = waive(found, reason, actor.strip())
-        self.stdout.write(f"waived {waived} of {len(found)} row(s)" + (
-            "" if waived == len(found) else "; the others are resolved already or held by a sweeper now"
-        ))
+        self.stdout.write(
+            f"waived {waived} of {len(found)} row(s)"
+            + ("" if waived == len(found) else "; the others are resolved already or held by a sweeper now")
+        )

@@ -73,7 +73,7 @@ def _is_verdict(sql, params):
     if match is None:
         return False
     offset = assignments.find(match.group(0))
-    value = assignments[offset + len(match.group(0)):].lstrip()
+    value = assignments[offset + len(match.group(0)) :].lstrip()
     if value.startswith("%s"):
         index = assignments[:offset].count("%s")
         return isinstance(params, list | tuple) and len(params) > index and params[index] in VERDICT_STATES

@@ -28,8 +28,18 @@ class Call:
 
     def __init__(self, verb, key, refs):
         self.id = uuid.uuid4().hex
-        _append({"ev": "start", "id": self.id, "verb": verb, "key": key, "refs": refs, "pid": os.getpid(),
-                 "cluster": os.environ.get("RELIABILITY_CLUSTER"), "t": time.time()})
+        _append(
+            {
+                "ev": "start",
+                "id": self.id,
+                "verb": verb,
+                "key": key,
+                "refs": refs,
+                "pid": os.getpid(),
+                "cluster": os.environ.get("RELIABILITY_CLUSTER"),
+                "t": time.time(),
+            }
+        )
 
     def end(self, answer):
         _append({"ev": "end", "id": self.id, "pid": os.getpid(), "t": time.time(), "ok": answer.get("ok") is True})
