@@ -34,7 +34,9 @@ from .models import (
     AlertChannel,
     AlertedStatus,
     CleanupStatus,
+    LogKind,
     ModuleEvent,
+    ModuleEventKind,
     ModuleHealth,
     Resource,
     Run,
@@ -43,10 +45,10 @@ from .models import (
 
 logger = logging.getLogger(__name__)
 
-GAVE_UP = "cleanup.gave_up"
-RECOVERED = "cleanup.recovered"
-MODULE_DOWN = "module.down"
-MODULE_UP = "module.up"
+GAVE_UP = LogKind.CLEANUP_GAVE_UP
+RECOVERED = LogKind.CLEANUP_RECOVERED
+MODULE_DOWN = ModuleEventKind.DOWN
+MODULE_UP = ModuleEventKind.UP
 MODULE_EVENTS = (MODULE_DOWN, MODULE_UP)
 # Bounds: runs told per call, messages sent per call, rows listed in one message.
 RUNS_PER_NOTICE = 50

@@ -13,7 +13,7 @@ class CleanupConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .runner import register_builtins
-        from .statements import ready_new_connection
+        from .sweep.statements import ready_new_connection
         from .tasks import on_worker_start
 
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)

@@ -1,55 +1,32 @@
 """What only a person does: ask again for a run's cleanup (rule 6), and waive rows (rule 12).
 
-The admin, the API and the commands call these; the automatic sweep never does, which is
-why no automatic path lowers an attempt counter.
+The admin, the API and the commands call these; the automatic sweep never does. Only here
+(and in ``cleanup_run --reset``) are a run's attempt counters put back to zero; the engine
+itself gives back only attempts that were not the row's fault (rule 6).
+May import: the pass (`cleanup.sweep`), the models, `enqueue`, `validation`.
 """
 
 import time
 
-from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from . import validation
-from .models import STEP_KIND, UNRESOLVED, AlertedStatus, CleanupStatus, Resource, ResourceState, Run, RunLog
+from .enqueue import queue_cleanup, queue_cleanups
+from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, ResourceState, Run
+from .sweep import CleanupRefused, cleanup_run, refresh_cleanup_status
 
 # Passes asked for together start this far apart, so that a shard coming back from an
 # outage is not hit by every run's cleanup in the same second.
 RETRY_GAP_S = 0.5
 
 
-def _refused(message):
-    from .sweep import CleanupRefused
-
-    return CleanupRefused(message)
-
-
-def reset_for_person(run, actor):
-    """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep."""
-    now = timezone.now()
-    rows = Resource.objects.filter(run=run).filter(
-        Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED))
-        | Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
-    )
-    with transaction.atomic():
-        ids = list(rows.values_list("id", flat=True))
-        Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
-        cleared = rows.filter(pk__in=ids).update(
-            revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
-        )
-        Run.objects.filter(pk=run.pk).update(cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now)
-        # Staff were told it gave up; if it gives up again after this retry, that is news.
-        Run.objects.filter(pk=run.pk, alerted_status=AlertedStatus.GAVE_UP).update(alerted_status=AlertedStatus.RETRIED)
-        RunLog.write(run.pk, "cleanup.retry", resources=cleared, by=actor)
-    return cleared
-
-
 def check_cleanup(run):
     """Refuse, with the reason, a cleanup a person may not ask for now."""
     if not run.is_terminal:
-        raise _refused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
+        raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
     if not Resource.objects.filter(run=run, state__in=UNRESOLVED).exists():
-        raise _refused(f"run {run.pk} owes nothing: every row it took is resolved, so there is nothing to clean")
+        raise CleanupRefused(f"run {run.pk} owes nothing: every row it took is resolved, so there is nothing to clean")
 
 
 def request_cleanup(run, actor):
@@ -57,11 +34,9 @@ def request_cleanup(run, actor):
 
     A run still in flight, or one that owes nothing, is refused and nothing changes.
     """
-    from .queue import queue_cleanup
-
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
-    cleared = reset_for_person(run, actor)
+    cleared = run.reset_for_person(actor)
     queue_cleanup(run.pk, actor=actor)
     return cleared
 
@@ -73,9 +48,6 @@ def request_cleanups(runs, actor):
     the one task works the runs in turn, ``RETRY_GAP_S`` apart (see `clean_in_turn`).
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
-    from .queue import queue_cleanup, queue_cleanups
-    from .sweep import CleanupRefused
-
     accepted, refused = [], []
     for run in runs:
         try:
@@ -84,7 +56,7 @@ def request_cleanups(runs, actor):
         except (CleanupRefused, Run.DoesNotExist) as exc:
             refused.append(str(exc))
             continue
-        accepted.append((run, reset_for_person(run, actor)))
+        accepted.append((run, run.reset_for_person(actor)))
     if len(accepted) == 1:
         queue_cleanup(accepted[0][0].pk, actor=actor)
     elif accepted:
@@ -94,8 +66,6 @@ def request_cleanups(runs, actor):
 
 def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=None):
     """One pass for each run, started ``gap_s`` apart; answers the runs passed."""
-    from .sweep import cleanup_run
-
     done = 0
     for index, run in enumerate(Run.objects.filter(pk__in=run_ids).order_by("id")):
         if index:
@@ -112,8 +82,6 @@ def waive(rows, reason, actor):
     The row keeps its last error: the reason, the person and the time are kept beside it.
     A row a sweeper holds right now is not waived: its verdict is about to land.
     """
-    from .sweep import refresh_cleanup_status
-
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("a waiver needs a reason")
     problems = {name: validation.text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))}
@@ -129,7 +97,7 @@ def waive(rows, reason, actor):
         waivable,
         ResourceState.WAIVED,
         None,
-        "resource.waived",
+        LogKind.RESOURCE_WAIVED,
         also=also,
         reason=reason,
         by=actor,
@@ -144,7 +112,7 @@ def waive(rows, reason, actor):
         waivable,
         ResourceState.WAIVED,
         None,
-        "resource.waived",
+        LogKind.RESOURCE_WAIVED,
         also=also,
         reason=reason,
         by=actor,

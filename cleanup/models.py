@@ -66,6 +66,58 @@ CLAIMABLE = (ResourceState.LIVE, ResourceState.FAILED)
 # Rows that may still owe the world something the sweep will try: the finder's index.
 OWING = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.REVERTING)
 
+
+class AttemptOutcome(models.TextChoices):
+    """What came of one attempt to give a row back (`Attempt.outcome`)."""
+
+    DONE = "done", "done"
+    # The module answered, naming this ref among those it could not give back.
+    FAILED = "failed", "failed"
+    DRIFTED = "drifted", "drifted"
+    RETRY = "retry", "retry"
+    TERMINAL = "terminal", "terminal"
+    # The sweeper that claimed the row stopped before it had an answer.
+    EXPIRED = "expired", "expired"
+    # The answer blamed the module's backend, which was down when the verdict was
+    # written: the attempt was given back and the row waits for the backend.
+    WAITED = "waited", "waited"
+    # The answer blamed the module's backend: counted, and given back if the answers in
+    # a row that blamed it mark the module down (`cleanup.outages.forgive_streak`).
+    UNAVAILABLE = "unavailable", "unavailable"
+
+
+class LogKind(models.TextChoices):
+    """What a run's log entry records (`RunLog.kind`); the detail's keys depend on it.
+
+    Each label is its value: people read these names in the log as they are.
+    """
+
+    RUN_STARTED = "run.started", "run.started"
+    RUN_COMPLETED = "run.completed", "run.completed"
+    RUN_CANCELLED = "run.cancelled", "run.cancelled"
+    RUN_ABORTED = "run.aborted", "run.aborted"
+    STEP_PERFORMED = "step.performed", "step.performed"
+    STEP_FAILED = "step.failed", "step.failed"
+    STEP_WAITING = "step.waiting", "step.waiting"
+    CLEANUP_RETRY = "cleanup.retry", "cleanup.retry"
+    CLEANUP_SWEPT = "cleanup.swept", "cleanup.swept"
+    CLEANUP_REVERTED = "cleanup.reverted", "cleanup.reverted"
+    CLEANUP_FAILED = "cleanup.failed", "cleanup.failed"
+    CLEANUP_GAVE_UP = "cleanup.gave_up", "cleanup.gave_up"
+    CLEANUP_RECOVERED = "cleanup.recovered", "cleanup.recovered"
+    RESOURCE_ORPHANED = "resource.orphaned", "resource.orphaned"
+    RESOURCE_WAIVED = "resource.waived", "resource.waived"
+    RESOURCE_RESURRECTED = "resource.resurrected", "resource.resurrected"
+
+
+class ModuleEventKind(models.TextChoices):
+    """What the modules' log records (`ModuleEvent.kind`)."""
+
+    DOWN = "module.down", "module.down"
+    UP = "module.up", "module.up"
+    GAVE_UP = "module.gave_up", "module.gave_up"
+
+
 STEP_KIND = "step"
 LEASE_KIND = "override"
 
@@ -103,7 +155,7 @@ class Run(models.Model):
             ),
             # The admin's "needs attention": runs whose cleanup gave up.
             models.Index(fields=["id"], name="run_incomplete_idx", condition=Q(cleanup_status="incomplete")),
-            # cleanup.verdicts.repair_statuses: runs still waiting for their cleanup.
+            # cleanup.sweep.statuses.repair_statuses: runs still waiting for their cleanup.
             models.Index(fields=["id"], name="run_cleanup_pending_idx", condition=Q(cleanup_status="pending")),
             # cleanup.alerts.notice: transitions staff have not been told about.
             models.Index(
@@ -120,6 +172,36 @@ class Run(models.Model):
     @property
     def is_terminal(self):
         return self.status in TERMINAL
+
+    def reset_for_person(self, actor):
+        """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep.
+
+        Their attempt counters go back to zero and drifted rows are tried again; the run
+        turns ``pending`` and back into the automatic sweep, and the retry is logged with
+        the person. Answers how many rows were reset. A row a sweeper holds right now is
+        left to its verdict. Only a person's request calls this (`cleanup.manual`,
+        ``cleanup_run --reset``).
+        """
+        now = timezone.now()
+        rows = Resource.objects.filter(run=self).filter(
+            Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED))
+            | Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
+        )
+        with transaction.atomic():
+            ids = list(rows.values_list("id", flat=True))
+            Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
+            cleared = rows.filter(pk__in=ids).update(
+                revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
+            )
+            Run.objects.filter(pk=self.pk).update(
+                cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now
+            )
+            # Staff were told it gave up; if it gives up again after this retry, that is news.
+            Run.objects.filter(pk=self.pk, alerted_status=AlertedStatus.GAVE_UP).update(
+                alerted_status=AlertedStatus.RETRIED
+            )
+            RunLog.write(self.pk, LogKind.CLEANUP_RETRY, resources=cleared, by=actor)
+        return cleared
 
 
 class Step(models.Model):
@@ -277,20 +359,22 @@ class Resource(models.Model):
             ),
         ]
         indexes = [
-            # cleanup.sweep: the runs with rows to claim, and a run's claimable rows.
+            # cleanup.sweep.statements (take_runs, heads, claim_rows): the runs with rows to
+            # claim, and a run's claimable rows.
             models.Index(
                 fields=["run", "step"],
                 name="res_claimable_idx",
                 condition=Q(state__in=["live", "failed"], retryable=True),
             ),
-            # cleanup.work.runs_needing_cleanup: the runs that still owe something, found
+            # cleanup.sweep.claims.runs_needing_cleanup: the runs that still owe something, found
             # one index probe per run (a skip scan), however much history is resolved.
             models.Index(
                 fields=["run"],
                 name="finder_owing_run_idx",
                 condition=Q(state__in=["live", "failed", "reverting"], retryable=True),
             ),
-            # cleanup.sweep: claims left behind by a sweeper that died.
+            # cleanup.sweep.verdicts.release_spent_claims, and the claim's takeover of abandoned
+            # rows: claims left behind by a sweeper that died.
             models.Index(
                 fields=["claim_expires_at"],
                 name="res_reverting_idx",
@@ -304,7 +388,7 @@ class Resource(models.Model):
                 name="res_reverted_module_idx",
                 condition=Q(state="reverted"),
             ),
-            # cleanup.sweep, rule 13: unresolved leases stacked on one target.
+            # cleanup.sweep.leases, rule 13: unresolved leases stacked on one target.
             models.Index(
                 fields=["ref", "id"],
                 name="res_open_lease_idx",
@@ -360,9 +444,7 @@ class Attempt(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
     number = models.PositiveIntegerField()  # the row's revert_attempts for this attempt
     at = models.DateTimeField(default=timezone.now)
-    # done, failed (a ref the module listed as not given back), drifted, retry, terminal,
-    # expired (the sweeper that claimed it stopped before it had an answer)
-    outcome = models.CharField(max_length=16)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices)
     error = models.TextField(blank=True, default="")
     by = models.CharField(max_length=100, blank=True, default="")
 
@@ -397,7 +479,7 @@ class Attempt(models.Model):
 
 class RunLog(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="log")
-    kind = models.CharField(max_length=64)
+    kind = models.CharField(max_length=64, choices=LogKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now, db_index=True)
 
@@ -468,7 +550,7 @@ class ModuleEvent(models.Model):
     """The modules' log: a module marked down or up, by the engine or by a person."""
 
     module = models.CharField(max_length=100)
-    kind = models.CharField(max_length=32)  # module.down, module.up, module.gave_up
+    kind = models.CharField(max_length=32, choices=ModuleEventKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
     # Set by the one worker that told staff of this change (cleanup.alerts.tell_module).

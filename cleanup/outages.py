@@ -34,7 +34,10 @@ from .models import (
     CLAIMABLE,
     TERMINAL,
     Attempt,
+    AttemptOutcome,
+    LogKind,
     ModuleEvent,
+    ModuleEventKind,
     ModuleHealth,
     ModuleState,
     Resource,
@@ -45,7 +48,7 @@ from .models import (
 logger = logging.getLogger(__name__)
 
 # The outcome an attempt is recorded with when its answer blamed the backend.
-UNAVAILABLE = "unavailable"
+UNAVAILABLE = AttemptOutcome.UNAVAILABLE
 SPREAD_BUCKETS = 10
 
 
@@ -124,7 +127,7 @@ def _mark_down_after_streak(module, now):
         defer_waiting(module, health.next_probe_at)
         _log(
             module,
-            "module.down",
+            ModuleEventKind.DOWN,
             now,
             by="engine",
             error=health.last_error,
@@ -184,7 +187,7 @@ def mark_down(module, *, by, reason="", now=None):
         )
         if marked:
             defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
-            _log(module, "module.down", now, by=by, error=reason or f"marked down by {by}")
+            _log(module, ModuleEventKind.DOWN, now, by=by, error=reason or f"marked down by {by}")
     return bool(marked)
 
 
@@ -207,7 +210,7 @@ def mark_up(module, *, by, now=None):
             updated_at=now,
         )
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
-        _log(module, "module.up", now, by=by, down_for_s=down_for, last_error=health.last_error)
+        _log(module, ModuleEventKind.UP, now, by=by, down_for_s=down_for, last_error=health.last_error)
     spread_waiting(module, now)
     logger.warning("module %s marked up by %s", module, by)
     return True
@@ -252,7 +255,7 @@ def take_probe(module, now=None):
     )
 
 
-def health_check(module):
+def health_callable(module):
     """The module's ``health()`` callable and its budget owner, or (None, None)."""
     for entry in [*registry.actions().values(), *registry.leases().values()]:
         if entry.module == module and callable(getattr(entry, "health", None)):
@@ -270,7 +273,7 @@ def probe(module, now=None):
     now = now or timezone.now()
     if not take_probe(module, now):
         return None
-    fn, entry = health_check(module)
+    fn, entry = health_callable(module)
     if fn is None:
         return "canary"
     answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=f"{module}.health")
@@ -311,7 +314,7 @@ def outages_past_give_up(now=None):
             if ModuleHealth.objects.filter(pk=health.pk, gave_up_at__isnull=True).update(gave_up_at=now):
                 _log(
                     health.module,
-                    "module.gave_up",
+                    ModuleEventKind.GAVE_UP,
                     now,
                     by="engine",
                     error=health.last_error,
@@ -392,7 +395,7 @@ def module_known(module):
     )
 
 
-def health_of(modules):
+def health_rows(modules):
     """``{module: ModuleHealth}`` for each of ``modules``, unsaved rows (up) for those never seen."""
     found = {h.module: h for h in ModuleHealth.objects.filter(module__in=set(modules))}
     return {m: found.get(m) or ModuleHealth(module=m) for m in modules}
@@ -449,13 +452,13 @@ def give_up_waiting(health, now=None):
             state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
         )
         RunLog.objects.bulk_create(
-            RunLog(run_id=run_id, kind="cleanup.failed", at=now, detail={"what": health.module, "error": reason})
+            RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail={"what": health.module, "error": reason})
             for run_id in run_ids
         )
     return run_ids
 
 
-class Health:
+class Snapshot:
     """What one pass knows of its modules' health, read once, so a pass whose modules are
     all well spends one query on it, whatever its number of calls."""
 

@@ -81,7 +81,7 @@ def _next(first, entries, verb, newer):
 def _newer_leases(run, lease_rows):
     """For each lease row, the newer unresolved lease of another run it would hand down to (rule 13).
 
-    As `cleanup.leases` chooses: the next newer lease whose apply was confirmed.
+    As `cleanup.sweep.leases` chooses: the next newer lease whose apply was confirmed.
     """
     if not lease_rows:
         return {}

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from . import calls, registry
 from .conf import setting
-from .models import LEASE_KIND, STEP_KIND, UNRESOLVED, CleanupStatus, Resource, ResourceState, Run, RunLog
+from .models import LEASE_KIND, STEP_KIND, UNRESOLVED, CleanupStatus, LogKind, Resource, ResourceState, Run, RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def _orphan(name, action_id, rows):
         Q(state=ResourceState.LIVE),
         ResourceState.ORPHANED,
         "the module reports this is no longer in the world",
-        "resource.orphaned",
+        LogKind.RESOURCE_ORPHANED,
         module=name,
         action=action_id,
     )
@@ -159,7 +159,7 @@ def _resurrect(name):
                 )
                 RunLog.write(
                     row.run_id,
-                    "resource.resurrected",
+                    LogKind.RESOURCE_RESURRECTED,
                     module=name,
                     action=what,
                     resource=f"{row.kind}:{row.ref}",

@@ -31,7 +31,7 @@ leaves it alone and shows it to a person.
 
 import logging
 
-from .queue import queue_reconcile
+from .enqueue import queue_reconcile
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from . import calls, ledger, outages, registry, validation
 from .conf import claim_timeout_s, setting
-from .models import LEASE_KIND, Resource, Run, RunLog, RunStatus, Step, StepStatus
-from .queue import queue_cleanup, queue_tick
-from .sweep import past, refresh_cleanup_status
+from .enqueue import queue_cleanup, queue_tick
+from .models import LEASE_KIND, LogKind, Resource, Run, RunLog, RunStatus, Step, StepStatus
+from .sweep import past, refresh_cleanup_status, sweep
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def start_run(name, steps, actor=None):
             )
             for position, step in enumerate(cleaned)
         )
-        RunLog.write(run.pk, "run.started", steps=len(cleaned), by=actor)
+        RunLog.write(run.pk, LogKind.RUN_STARTED, steps=len(cleaned), by=actor)
         queue_tick()
     return run
 
@@ -224,7 +224,7 @@ def cancel_run(run_id, cleanup=True, actor=None):
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         raise Run.DoesNotExist(f"there is no run {run_id}")
-    if not _end(run_id, RunStatus.CANCELLED, "run.cancelled", auto_cleanup=cleanup, by=actor, cleanup=cleanup):
+    if not _end(run_id, RunStatus.CANCELLED, LogKind.RUN_CANCELLED, auto_cleanup=cleanup, by=actor, cleanup=cleanup):
         run.refresh_from_db()
         raise RunStateError(f"run {run_id} is already {run.status}; only a running run can be cancelled")
     run.refresh_from_db()
@@ -238,7 +238,7 @@ def cancel_run(run_id, cleanup=True, actor=None):
 class AdvanceResult:
     runs: int = 0
     performed: int = 0
-    full: bool = False
+    work_left: bool = False  # stopped at a bound: more runs or steps may be due
 
 
 def due_runs(now, limit):
@@ -258,10 +258,10 @@ def advance(by="tick", deadline=None):
     """
     limit = setting("EVENT_RUN_BATCH")
     ids = due_runs(timezone.now(), limit)
-    result = AdvanceResult(full=len(ids) >= limit)
+    result = AdvanceResult(work_left=len(ids) >= limit)
     for run_id in ids:
         if past(deadline):
-            result.full = True
+            result.work_left = True
             break
         try:
             performed = advance_run(run_id, deadline=deadline)
@@ -272,7 +272,7 @@ def advance(by="tick", deadline=None):
             result.runs += 1
             result.performed += performed
     if past(deadline):
-        result.full = True  # a run may have been left between two steps
+        result.work_left = True  # a run may have been left between two steps
     return result
 
 
@@ -316,7 +316,9 @@ def advance_run(run_id, deadline=None):
         while not past(deadline) and claim.renew():
             step = Step.objects.filter(run_id=run_id).exclude(status=StepStatus.DONE).order_by("position").first()
             if step is None:
-                _end(run_id, RunStatus.COMPLETED, "run.completed", steps=Step.objects.filter(run_id=run_id).count())
+                _end(
+                    run_id, RunStatus.COMPLETED, LogKind.RUN_COMPLETED, steps=Step.objects.filter(run_id=run_id).count()
+                )
                 break
             now = timezone.now()
             if step.next_attempt_at and step.next_attempt_at > now:
@@ -368,7 +370,7 @@ def _wait_for_module(step, until):
     if first:
         RunLog.write(
             step.run_id,
-            "step.waiting",
+            LogKind.STEP_WAITING,
             position=step.position,
             action=step.action_id,
             module=getattr(health, "module", None),
@@ -387,7 +389,7 @@ def _wait(step, now):
         if seconds > 0:
             RunLog.write(
                 step.run_id,
-                "step.waiting",
+                LogKind.STEP_WAITING,
                 position=step.position,
                 seconds=seconds,
                 until=(now + timedelta(seconds=seconds)).isoformat(),
@@ -396,7 +398,7 @@ def _wait(step, now):
     if until > now:
         return until
     Step.objects.filter(pk=step.pk).update(status=StepStatus.DONE, finished_at=now)
-    RunLog.write(step.run_id, "step.performed", position=step.position, action=WAIT, waited_s=seconds)
+    RunLog.write(step.run_id, LogKind.STEP_PERFORMED, position=step.position, action=WAIT, waited_s=seconds)
     return None
 
 
@@ -490,7 +492,7 @@ def _record_outcome(step, performed):
             return now
         RunLog.write(
             step.run_id,
-            "step.performed",
+            LogKind.STEP_PERFORMED,
             position=step.position,
             action=step.action_id,
             attempt=step.attempts,
@@ -521,7 +523,7 @@ def _record_outcome(step, performed):
         return now
     RunLog.write(
         step.run_id,
-        "step.failed",
+        LogKind.STEP_FAILED,
         position=step.position,
         action=step.action_id,
         attempt=step.attempts,
@@ -529,7 +531,7 @@ def _record_outcome(step, performed):
         retrying=not last,
     )
     if last:
-        _end(step.run_id, RunStatus.ABORTED, "run.aborted", position=step.position, error=performed.error)
+        _end(step.run_id, RunStatus.ABORTED, LogKind.RUN_ABORTED, position=step.position, error=performed.error)
         return now
     return retry_at
 
@@ -543,8 +545,8 @@ class TickResult:
     sweep: object
 
     @property
-    def full(self):
-        return self.advance.full or self.sweep.full
+    def work_left(self):
+        return self.advance.work_left or self.sweep.work_left
 
     def line(self):
         return f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
@@ -556,10 +558,8 @@ def tick(by="tick"):
     Both legs share ``EVENT_TICK_BUDGET_S``: past it they start nothing new, so that a
     tick ends well inside django-q2's task timeout even against a shard that hangs.
     """
-    from .sweep import sweep
-
     deadline = timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S"))
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
-    if result.full:
+    if result.work_left:
         queue_tick()
     return result

@@ -9,9 +9,9 @@ import logging
 
 from django.db import transaction
 
-# The queueing helpers live in `cleanup.queue`, which the engine uses too; the surfaces
+# The queueing helpers live in `cleanup.enqueue`, which the engine uses too; the surfaces
 # that queue work (the API, the admin) may keep importing them from here.
-from .queue import (  # noqa: F401
+from .enqueue import (  # noqa: F401
     TICK,
     queue_cleanup,
     queue_cleanups,
@@ -45,7 +45,7 @@ def sweep_task():
 
     ahead = Ahead(queue_sweep)
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")), ahead=ahead)
-    if result.full:
+    if result.work_left:
         ahead()
     notice_staff()
     return result.line()
@@ -60,7 +60,7 @@ def cleanup_run_task(run_id, actor=None):
         return f"run {run_id} is not there or not ended; nothing to clean"
     ahead = Ahead(lambda: queue_cleanup(run_id, actor=actor))
     summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
-    if summary.more:
+    if summary.work_left:
         ahead()
     notice_staff()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from .models import RESOLVED, STEP_KIND, CleanupStatus, Resource, RunLog, Step
+from .models import RESOLVED, STEP_KIND, CleanupStatus, LogKind, Resource, RunLog, Step
 
 WIDTH, HEIGHT = 960, 250
 LEFT, RIGHT = 56, 16
@@ -22,13 +22,13 @@ STEPS_Y, CHART_TOP, CHART_BOTTOM, CLEANUP_Y = 26, 48, 168, 190
 SLICES = 32
 MARKERS = 300
 MARKED = {
-    "cleanup.failed": ("failed attempt", "#ba2121"),
-    "cleanup.retry": ("a person's retry", "#205067"),
-    "cleanup.gave_up": ("cleanup gave up", "#e07000"),
-    "cleanup.recovered": ("cleanup completed", "#447e36"),
-    "run.completed": ("run completed", "#666"),
-    "run.cancelled": ("run cancelled", "#666"),
-    "run.aborted": ("run aborted", "#666"),
+    LogKind.CLEANUP_FAILED: ("failed attempt", "#ba2121"),
+    LogKind.CLEANUP_RETRY: ("a person's retry", "#205067"),
+    LogKind.CLEANUP_GAVE_UP: ("cleanup gave up", "#e07000"),
+    LogKind.CLEANUP_RECOVERED: ("cleanup completed", "#447e36"),
+    LogKind.RUN_COMPLETED: ("run completed", "#666"),
+    LogKind.RUN_CANCELLED: ("run cancelled", "#666"),
+    LogKind.RUN_ABORTED: ("run aborted", "#666"),
 }
 
 
@@ -135,12 +135,12 @@ def _log_marks(run, x):
         error = detail.get("error", "") if isinstance(detail, dict) else ""
         text = f"{name} at {_t(at)}" + (f": {error[:200]}" if error else "")
         cx = x(at)
-        if kind == "cleanup.failed":
+        if kind == LogKind.CLEANUP_FAILED:
             marks.append(
                 f'<path d="M{cx - 4:.1f},{CLEANUP_Y - 4} l8,8 m0,-8 l-8,8" stroke="{color}" '
                 f'stroke-width="2"><title>{escape(text)}</title></path>'
             )
-        elif kind == "cleanup.retry":
+        elif kind == LogKind.CLEANUP_RETRY:
             marks.append(
                 f'<path d="M{cx:.1f},{CLEANUP_Y - 6} l6,10 l-12,0 z" fill="{color}">'
                 f"<title>{escape(text)}</title></path>"

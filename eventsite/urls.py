@@ -4,7 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from cleanup.health import healthz
+from cleanup.sitecheck import healthz
 
 # The root only points at the admin: GET and HEAD, and 405 (with Allow) for any other
 # method rather than a redirect or the CSRF check's 403, since nothing here acts on one.

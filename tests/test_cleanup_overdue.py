@@ -9,7 +9,8 @@ import time_machine
 from django.test import override_settings
 from django.utils import timezone
 
-from cleanup import calling, registry
+from cleanup import registry
+from cleanup.sweep import dispatch
 from cleanup.models import Resource
 from cleanup.sweep import sweep
 from tests.fakes import FakeAction, make_rows, make_run, make_step
@@ -59,13 +60,13 @@ def test_a_call_past_its_budget_is_not_retried_while_it_still_runs():
 
         sweep()
         with time_machine.travel(timezone.now() + timedelta(seconds=300), tick=False):
-            calling.keep_overdue_claims()  # the keeper renews the claim of a call still running
+            dispatch.keep_overdue_claims()  # the keeper renews the claim of a call still running
             sweep()
         assert revert.calls == 1, "the group was retried while its first call still ran"
     finally:
         revert.release.set()
     wait_until(lambda: revert.running == 0)
-    calling.keep_overdue_claims()  # the call ended: its rows go back to the sweep
+    dispatch.keep_overdue_claims()  # the call ended: its rows go back to the sweep
 
     sweep()
     assert revert.calls == 2

@@ -5,7 +5,7 @@ import pytest
 from django.test import override_settings
 
 from cleanup import registry
-from cleanup.queue import queue_cleanup, queue_sweep
+from cleanup.enqueue import queue_cleanup, queue_sweep
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
 
 pytestmark = pytest.mark.django_db

@@ -2,11 +2,11 @@
 PostgreSQL: planned once per connection, not at every pass."""
 
 import pytest
+from cleanup.sweep import runs_needing_cleanup
 from django.db import connection
 from django.utils import timezone
 
-from cleanup import statements
-from cleanup.work import runs_needing_cleanup
+from cleanup.sweep import statements
 from tests.fakes import make_rows, make_run, make_step
 
 

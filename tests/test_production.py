@@ -200,7 +200,7 @@ from django.test import Client
 
 django.setup()
 print(sorted(type(h).__name__ for h in logging.getLogger("django.request").handlers))
-with mock.patch("cleanup.health.healthy", side_effect=RuntimeError("the disk is on fire")):
+with mock.patch("cleanup.sitecheck.healthy", side_effect=RuntimeError("the disk is on fire")):
     print(Client(raise_request_exception=False).get("/healthz").status_code)
 """
 

@@ -35,7 +35,7 @@ def test_the_sweep_starts_no_group_after_the_budget_and_the_tick_queues_another(
             result = tick()
 
     assert len(calls) == 2, "a group was started after the budget ran out"
-    assert result.full and queued.called
+    assert result.work_left and queued.called
     assert sorted(states(run).values()) == ["live", "live", "reverted", "reverted"]
 
 
@@ -53,4 +53,4 @@ def test_the_advance_starts_no_step_after_the_budget():
             result = tick()
 
     assert list(Step.objects.filter(run=run).values_list("status", flat=True)) == ["done", "done", "pending", "pending"]
-    assert result.full and queued.called
+    assert result.work_left and queued.called

@@ -17,7 +17,7 @@ from .views import Conflict, EventsAPI, actor, errors
 
 
 def health_answer(module):
-    return describe(outages.health_of([module])[module], set(registry.modules()))
+    return describe(outages.health_rows([module])[module], set(registry.modules()))
 
 
 def describe(health, registered):
@@ -55,7 +55,7 @@ class ModuleListView(EventsAPI, APIView):
 
     def get(self, request):
         registered = set(registry.modules())
-        healths = outages.health_of(outages.known_modules())
+        healths = outages.health_rows(outages.known_modules())
         answer = [describe(health, registered) for health in healths.values()]
         return Response(s.ModuleHealthSerializer(answer, many=True).data)
 

@@ -3,6 +3,7 @@
 On PostgreSQL the values travel as one array per column and ``unnest`` turns them back
 into rows, so a batch of a thousand rows costs one statement and no per-row SQL.
 Elsewhere (SQLite, the embedded demo) the same writes go through the ORM.
+May import: `statements` only.
 """
 
 from django.db import connection

@@ -1,16 +1,18 @@
-"""Calling the modules for a claimed batch: concurrently, within limits, never twice at once.
+"""Calling the modules for a claimed batch: the second stage of a pass, concurrently,
+within limits, never twice at once.
 
 Step groups and loose rows are given back by ``revert`` calls made concurrently, at most
 ``EVENT_CALL_CONCURRENCY`` at once and at most a module's ``max_concurrency`` for one
-module, on reused workers (`cleanup.calls`). Lease groups go one at a time, oldest
-first, because the hand-downs of rule 13 read and write the ledger between their calls.
-Each group gets one `Called`: its verdict, or None when the pass's time ran out before
-its call could start.
+module, on reused workers (`cleanup.calls`). Lease groups go one at a time, in the
+order `claims.Batch.leases` gives, because the hand-downs of rule 13 (`leases`) read and
+write the ledger between their calls. Each group gets one `Called`: its verdict, or None
+when the pass's time ran out before its call could start.
 
 A call that outlives its budget is not stopped (nothing can stop it) and not retried
 while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
 claim while the call still runs in this process and lets it go once the call ends. If
 the process dies the claim simply expires, as any dead sweeper's does.
+May import: the models, conf, `calls`, `registry`, `outages`, `leases`.
 """
 
 import logging
@@ -25,11 +27,11 @@ from django.db import connections
 from django.db.models import Q
 from django.utils import timezone
 
-from . import calls, outages, registry
-from .calls import Outcome, Verdict
-from .conf import claim_timeout_s, setting
+from .. import calls, outages, registry
+from ..calls import Outcome, Verdict
+from ..conf import claim_timeout_s, setting
+from ..models import LEASE_KIND, STEP_KIND, Resource, ResourceState
 from .leases import HANDED_DOWN, give_back_lease
-from .models import LEASE_KIND, STEP_KIND, Resource, ResourceState
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def past(deadline):
 
 
 def call_lease(group, token, deadline=None):
-    """Restore one lease group, or hand its baseline down (`cleanup.leases`)."""
+    """Restore one lease group, or hand its baseline down (`leases`)."""
     if past(deadline):
         return Called(group, None)
     outcome = give_back_lease(group.run_id, group.rows[0], token)
@@ -92,7 +94,7 @@ def call_groups(groups, deadline=None, health=None):
             results.append(prepared)
         else:
             jobs.append(prepared)
-    results.extend(_run_concurrently(jobs, deadline, health or outages.Health()))
+    results.extend(_run_concurrently(jobs, deadline, health or outages.Snapshot()))
     return results
 
 

@@ -6,6 +6,7 @@ running them. The rules themselves stay written once, as querysets
 (`ResourceQuerySet.claimable`, the owing states): their WHERE clauses are compiled here
 once per database and attempt ceiling, with a stand-in for "now" that `bind` replaces.
 Lists of ids travel as one array on PostgreSQL (``= ANY(%s)``), as ``IN (...)`` elsewhere.
+May import: the models only.
 """
 
 import functools
@@ -14,7 +15,7 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.db.models import Q
 
-from .models import LEASE_KIND, OWING, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
+from ..models import LEASE_KIND, OWING, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
 
 # Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
 _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
@@ -65,7 +66,7 @@ def _preparing_connection():
         return None
     connection.ensure_connection()
     raw = connection.connection
-    if not getattr(raw, "_eventsite_prepares", False):
+    if not getattr(raw, "_cleanup_prepares", False):
         _ready(connection)
     return raw
 
@@ -99,7 +100,7 @@ def _ready(wrapper):
         with raw.cursor() as cursor:
             cursor.execute("SET plan_cache_mode = force_generic_plan")
     # A SET in a transaction that rolls back is undone: it is sent again next time then.
-    raw._eventsite_prepares = not wrapper.in_atomic_block
+    raw._cleanup_prepares = not wrapper.in_atomic_block
 
 
 # psycopg's own default: a statement run this often is prepared (ours say so at once).

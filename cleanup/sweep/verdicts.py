@@ -1,10 +1,11 @@
-"""Writing what a batch's calls answered: rows, log entries and run statuses, in one transaction.
+"""Writing what a batch's calls answered: rows, attempts, log entries and run statuses, in one transaction.
 
 A verdict lands only on rows its claim still holds (same token, still ``reverting``):
 the rows are locked first, so the log names exactly the rows that changed, and a
 sweeper whose claim was taken over writes nothing at all, not even a pass summary. The
-statuses of the batch's runs are written in the same transaction as their rows, so a
-sweeper that dies leaves both as they were or both as they are now, never one of them.
+statuses of the batch's runs (`statuses`) are written in the same transaction as their
+rows, so a sweeper that dies leaves both as they were or both as they are now.
+May import: the models, conf, `outages`, `calls`, and `statuses`, `sets`, `statements`.
 """
 
 import logging
@@ -12,31 +13,49 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from . import outages, sets, statements
-from .calls import Outcome
-from .conf import claim_timeout_s, max_revert_attempts, setting
-from .models import (
+from .. import outages
+from ..calls import Outcome
+from ..conf import claim_timeout_s, max_revert_attempts, setting
+from ..models import (
     LEASE_KIND,
     STEP_KIND,
-    TERMINAL,
     Attempt,
-    CleanupStatus,
+    AttemptOutcome,
+    LogKind,
     Resource,
     ResourceState,
-    Run,
     RunLog,
 )
+from . import sets
+from .statuses import lock_runs, write_statuses
 
 logger = logging.getLogger(__name__)
 
 DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
 LONGEST_BACKOFF = timedelta(days=30)
-# What a pass writes of each log entry and attempt (`cleanup.sets.insert`).
+# What a pass writes of each log entry and attempt (`sets.insert`).
 LOG_FIELDS = ("run", "kind", "detail", "at")
 ATTEMPT_FIELDS = ("resource", "run", "number", "at", "outcome", "error", "by")
+
+
+class _Derived:
+    """A column's new value that the write derives from the row as it was, by name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+# The state before the claim: a row never tried goes back to live, one that failed before
+# stays failed.
+PREVIOUS_STATE = _Derived("PREVIOUS_STATE")
+# The claim's attempt is given back: the row's counter goes down by one.
+ATTEMPT_GIVEN_BACK = _Derived("ATTEMPT_GIVEN_BACK")
 
 
 @dataclass
@@ -46,12 +65,12 @@ class Summary:
     drifted: int = 0
     failed: int = 0
     remaining: int = 0
-    more: bool = False  # the pass stopped at a bound with groups of the run left to work
+    work_left: bool = False  # the pass stopped at a bound with groups of the run left to work
 
     def add(self, other):
         for name in COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.more = self.more or other.more
+        self.work_left = self.work_left or other.work_left
 
     def logged(self, by):
         """The detail of the run's ``cleanup.swept`` entry (rule 11)."""
@@ -75,7 +94,7 @@ def write(batch, called, by, summaries=None):
             summary = summaries.setdefault(run_id, Summary())
             summary.remaining = remaining
             if summary.attempted:
-                entries.append(RunLog(run_id=run_id, kind="cleanup.swept", at=now, detail=summary.logged(by)))
+                entries.append(RunLog(run_id=run_id, kind=LogKind.CLEANUP_SWEPT, at=now, detail=summary.logged(by)))
         sets.insert(entries, LOG_FIELDS)
     return summaries
 
@@ -127,11 +146,14 @@ def _attempts(result, held, now, by):
             continue
         outcome, error = str(verdict.outcome), verdict.error
         if result.waited is not None:
-            outcome = "waited"  # its module is down: this attempt is not counted
+            outcome = AttemptOutcome.WAITED  # its module is down: this attempt is not counted
         elif result.blamed is not None and verdict.outcome != Outcome.DONE:
-            outcome = "unavailable"  # counted; forgiven if the module is found down after it
+            outcome = AttemptOutcome.UNAVAILABLE  # counted; forgiven if the module is found down after it
         if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
-            outcome, error = "failed", f"{result.what} could not give back {', '.join(sorted(verdict.failed))}"
+            outcome, error = (
+                AttemptOutcome.FAILED,
+                f"{result.what} could not give back {', '.join(sorted(verdict.failed))}",
+            )
         yield Attempt(
             resource_id=row.pk,
             run_id=row.run_id,
@@ -164,7 +186,12 @@ def _one(result, held, changes, summary, now):
 
 def _not_started(row):
     """The pass's time ran out before the call: the claim is given back, and its attempt."""
-    return {"state": "__previous__", "revert_attempts": "__given_back__", "claim_token": None, "claim_expires_at": None}
+    return {
+        "state": PREVIOUS_STATE,
+        "revert_attempts": ATTEMPT_GIVEN_BACK,
+        "claim_token": None,
+        "claim_expires_at": None,
+    }
 
 
 def _values(result, row, summary, now):
@@ -190,7 +217,7 @@ def _values(result, row, summary, now):
             release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
         return {
             "state": ResourceState.FAILED,
-            "revert_attempts": "__given_back__",
+            "revert_attempts": ATTEMPT_GIVEN_BACK,
             "last_error": verdict.error,
             "next_attempt_at": result.waited,
             **release,
@@ -202,7 +229,7 @@ def _values(result, row, summary, now):
     if verdict.outcome == Outcome.TERMINAL:
         return {"state": ResourceState.FAILED, "last_error": verdict.error, "retryable": False, **release}
     if result.running is not None:
-        # The call is still running: its rows stay held (renewed by `cleanup.calling`)
+        # The call is still running: its rows stay held (renewed by `dispatch`)
         # until it ends, so it is never retried while it may still act.
         release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
     return {
@@ -228,7 +255,9 @@ def _log_entry(result, rows, now):
         detail["failed"] = sorted(verdict.failed)
     if verdict.outcome == Outcome.DRIFTED:
         detail["current"] = verdict.current
-    kind = "cleanup.reverted" if verdict.outcome == Outcome.DONE and not verdict.failed else "cleanup.failed"
+    kind = (
+        LogKind.CLEANUP_REVERTED if verdict.outcome == Outcome.DONE and not verdict.failed else LogKind.CLEANUP_FAILED
+    )
     return RunLog(run_id=result.group.run_id, kind=kind, at=now, detail=detail)
 
 
@@ -271,15 +300,17 @@ class _Changes:
         return columns
 
     def _apply_arrays(self, token):
-        """The same write as one UPDATE over arrays of per-row values (`cleanup.sets`)."""
-        special = {"__previous__", "__given_back__"}
+        """The same write as one UPDATE over arrays of per-row values (`sets`)."""
         held = "r.claim_token = %s AND r.state = %s"
         # By step for the steps whose rows all take the same values (a step's rows but its
         # leases), by row for the rest: a batch of large groups sends a value per group.
         for changed, key, where in ((self.steps, "step", f"{held} AND NOT (r.kind = %s)"), (self.rows, None, held)):
             if not changed:
                 continue
-            marked = {k: {c: sets.SPECIAL if v in special else v for c, v in vs.items()} for k, vs in changed.items()}
+            marked = {
+                k: {c: sets.SPECIAL if isinstance(v, _Derived) else v for c, v in vs.items()}
+                for k, vs in changed.items()
+            }
             sets.update_by_id(
                 Resource,
                 marked,
@@ -300,78 +331,15 @@ class _Changes:
         whens = []
         for value, (steps, pks) in by_value.items():
             where = Q(pk__in=pks) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
-            if value == "__previous__":
+            if value is PREVIOUS_STATE:
                 # A row never tried stays live; one that failed before stays failed.
                 whens.append(When(where & Q(last_error=""), then=Value(ResourceState.LIVE.value)))
                 value = ResourceState.FAILED.value
-            if value == "__given_back__":
+            if value is ATTEMPT_GIVEN_BACK:
                 whens.append(When(where, then=F("revert_attempts") - 1))
                 continue
             whens.append(When(where, then=Value(value, output_field=field)))
         return Case(*whens, default=F(column), output_field=field)
-
-
-def lock_runs(run_ids):
-    """Lock runs for a status write, in id order; answers ``{id: (auto_cleanup, status)}``."""
-    rows = Run.objects.select_for_update().filter(pk__in=run_ids).order_by("id")
-    return {pk: (auto, status) for pk, auto, status in rows.values_list("id", "auto_cleanup", "cleanup_status")}
-
-
-def write_statuses(runs, now):
-    """Set each locked run's cleanup status from its rows; answers ``{id: (status, unresolved)}``."""
-    counted = _counts(list(runs))
-    answer, changed = {}, {}
-    for run_id, (auto_cleanup, current) in runs.items():
-        counts = counted.get(run_id, {"total": 0, "unresolved": 0, "retryable": 0})
-        status = _status(counts, auto_cleanup)
-        if status != current:
-            changed.setdefault(status, []).append(run_id)
-        answer[run_id] = (status, counts["unresolved"])
-    if changed:
-        whens = [When(pk__in=ids, then=Value(status.value)) for status, ids in changed.items()]
-        Run.objects.filter(pk__in=[i for ids in changed.values() for i in ids]).update(
-            cleanup_status=Case(*whens, default=F("cleanup_status")), updated_at=now
-        )
-    return answer
-
-
-def _counts(run_ids):
-    """Rows, unresolved rows and rows the sweep will still try, per run: one query."""
-    return statements.status_counts(run_ids, max_revert_attempts())
-
-
-def _status(counts, auto_cleanup):
-    """Rule 5: complete when nothing is unresolved, pending while anything is retryable."""
-    if counts["unresolved"] == 0:
-        return CleanupStatus.COMPLETE if counts["total"] else CleanupStatus.NOT_REQUIRED
-    if auto_cleanup and counts["retryable"]:
-        return CleanupStatus.PENDING
-    return CleanupStatus.INCOMPLETE
-
-
-def refresh_statuses(run_ids):
-    """Make the cleanup status of ``run_ids`` say what their rows say, under their locks."""
-    with transaction.atomic():
-        return write_statuses(lock_runs(run_ids), timezone.now())
-
-
-def repair_statuses(limit):
-    """Terminal runs left ``pending`` with nothing the sweep will still try get their true status.
-
-    A verdict and its run's status are written together, but a status can still be left
-    behind (by an older version, or a write that died between them); the next pass
-    repairs it here. Answers how many runs were looked at.
-    """
-    retryable = Resource.objects.filter(run=OuterRef("pk")).retryable(max_revert_attempts())
-    stale = list(
-        Run.objects.filter(status__in=TERMINAL, cleanup_status=CleanupStatus.PENDING)
-        .exclude(Exists(retryable))
-        .order_by("id")
-        .values_list("id", flat=True)[:limit]
-    )
-    if stale:
-        refresh_statuses(stale)
-    return len(stale)
 
 
 def release_spent_claims(now, by=""):
@@ -392,7 +360,7 @@ def release_spent_claims(now, by=""):
             state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=DEAD_CLAIM, updated_at=now
         )
         RunLog.objects.bulk_create(_expired_entries(rows, now))
-        Attempt.record(rows, "expired", DEAD_CLAIM, by=by, at=now)
+        Attempt.record(rows, AttemptOutcome.EXPIRED, DEAD_CLAIM, by=by, at=now)
         write_statuses(runs, now)
     return len(rows)
 
@@ -403,5 +371,5 @@ def _expired_entries(rows, now):
     for row in rows:
         by_run.setdefault(row.run_id, []).append(f"{row.kind}:{row.ref}")
     for run_id, resources in by_run.items():
-        detail = {"outcome": "expired", "resources": resources, "error": DEAD_CLAIM}
-        yield RunLog(run_id=run_id, kind="cleanup.failed", at=now, detail=detail)
+        detail = {"outcome": AttemptOutcome.EXPIRED, "resources": resources, "error": DEAD_CLAIM}
+        yield RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail=detail)

@@ -4,6 +4,7 @@ While several runs lease one target, the value in force is the newest lease's, s
 the newest may restore; an older lease that ends hands its baseline down and resolves.
 Applies do not always land in ledger order, or say that they landed, so the rules below
 also read a lease's ``confirmed`` flag and the value a restore finds in place.
+May import: the models, `calls`, `registry`, `outages`.
 """
 
 from dataclasses import dataclass
@@ -11,9 +12,9 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from . import calls, outages, registry
-from .calls import Outcome, Verdict
-from .models import LEASE_KIND, UNRESOLVED, Attempt, Resource, ResourceState, RunLog
+from .. import calls, outages, registry
+from ..calls import Outcome, Verdict
+from ..models import LEASE_KIND, UNRESOLVED, Attempt, AttemptOutcome, LogKind, Resource, ResourceState, RunLog
 
 # What `give_back_lease` answers when the lease handed its baseline down and its row is
 # already resolved.
@@ -200,10 +201,10 @@ def hand_down(run_id, row, token, choose):
             # Our claim was taken over: leave the other rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")
-        Attempt.record([row], "done", f"handed its baseline down to row {heir.pk}")
+        Attempt.record([row], AttemptOutcome.DONE, f"handed its baseline down to row {heir.pk}")
         RunLog.write(
             run_id,
-            "cleanup.reverted",
+            LogKind.CLEANUP_REVERTED,
             what=row.ref,
             outcome="handed_down",
             resources=[f"{row.kind}:{row.ref}"],

@@ -1,4 +1,4 @@
-"""Finding a pass's work and claiming it.
+"""Finding a pass's work and claiming it: the first stage of a pass.
 
 The finder names the terminal runs that still owe something; a pass takes a batch of
 them (``FOR UPDATE SKIP LOCKED``, so two sweepers work different runs at once), reads
@@ -6,6 +6,7 @@ their claimable groups (a lease row, a step's rows, or one loose row, leases fir
 claims the first ``EVENT_CLEANUP_GROUPS_PER_RUN`` groups of each in one conditional
 UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and returns
 the rows as the module calls need them, so nothing is read twice.
+May import: the models, conf, `outages`, `statements`.
 """
 
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import outages, statements
-from .conf import claim_timeout_s, max_revert_attempts, setting
-from .models import LEASE_KIND, Resource, ResourceState
+from .. import outages
+from ..conf import claim_timeout_s, max_revert_attempts, setting
+from ..models import LEASE_KIND, Resource, ResourceState
+from . import statements
 
 
 @dataclass
@@ -60,15 +62,16 @@ class Batch:
 
     token: object
     groups: list
-    more: bool = False  # a run had more groups than one pass works
+    work_left: bool = False  # a run had more groups than one pass works
 
     @property
     def run_ids(self):
         return sorted({g.run_id for g in self.groups})
 
     def leases(self):
-        """The lease groups, one at a time (rule 13): newest run first, as the sweep has
-        always taken runs, and a run's leases in ledger order."""
+        """The lease groups, to be worked one at a time (rule 13): the newest run's first,
+        and a run's leases in ledger order. Any order ends with the same value in place;
+        working them one at a time is what rule 13 needs."""
         return sorted((g for g in self.groups if g.kind == "lease"), key=lambda g: (-g.run_id, g.key))
 
     def others(self):
@@ -97,7 +100,7 @@ def take_runs(run_ids, now, skip_locked, limit=None):
     return statements.take_runs(run_ids, now, max_revert_attempts(), skip_locked, limit)
 
 
-def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
+def pick_groups(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
 
     One query that reads a row per group, not per ledger row. Answers the groups and
@@ -119,12 +122,12 @@ def plan(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
             return [group], True
         by_run.setdefault(head["run_id"], []).append(group)
     order = {"lease": 0, "step": 1, "row": 2}
-    groups, more = [], False
+    groups, work_left = [], False
     for run_groups in by_run.values():
         run_groups.sort(key=lambda g: order[g.kind])  # stable: within a kind, ledger order
-        more = more or len(run_groups) > per_run
+        work_left = work_left or len(run_groups) > per_run
         groups.extend(run_groups[:per_run])
-    return groups, more
+    return groups, work_left
 
 
 def _group(head):
@@ -147,13 +150,13 @@ def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(),
     down = set(outages.down_modules() if down is None else down)
     with transaction.atomic():
         taken = take_runs(run_ids, now, skip_locked, limit)
-        groups, more = plan(taken, now, per_run, down, canaries) if taken else ([], False)
+        groups, work_left = pick_groups(taken, now, per_run, down, canaries) if taken else ([], False)
         rows = _claim_rows(taken, groups, token, now) if groups else []
     for module in down - set(canaries):
         # Rows of these runs that began waiting since the module went down leave the
         # finder until its next probe.
         outages.defer_waiting(module, outages.waiting_until(module, now) or now, run_ids=taken)
-    return Batch(token, _attach(groups, rows), more)
+    return Batch(token, _attach(groups, rows), work_left)
 
 
 def _claim_rows(run_ids, groups, token, now):
