@@ -13,6 +13,7 @@ A module's backend going down and coming back are told the same way, once per ch
 rather than once per run it holds up: `notice_modules` claims each `ModuleEvent`
 (``module.down``, ``module.up``) by a conditional UPDATE of its ``alerted_at`` and writes
 its outbox in the same transaction.
+May import: the models and conf; never the pass, which knows nothing of alerts.
 """
 
 import logging

@@ -1,3 +1,11 @@
+"""The app's configuration: what happens when Django loads the app.
+
+It registers the system checks and the built-in actions, readies PostgreSQL connections
+for the pass's prepared statements, ensures the tick's schedule after `migrate`, and has
+a django-q2 worker that starts reconcile every module (rule 10).
+May import: anything of the app, lazily in `ready()`.
+"""
+
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 

@@ -4,6 +4,7 @@ This is the only place the engine reads what a module said. Each classifier turn
 untrusted answer into a verdict, and no shape a failure can take reads as success: only
 a dict whose ``ok`` is exactly ``True`` is one, and then only when the rest of it has the
 shape the contract promises.
+May import: conf only. Imported by everything that calls a module.
 """
 
 import enum

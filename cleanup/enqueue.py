@@ -4,6 +4,7 @@ The engine queues its own next steps (a run that ended, a pass that stopped at a
 through here. A task is named by its path, as django-q2 itself does, so nothing here
 imports the tasks or the engine: the arrows stay one way, from the task module to the
 engine and never back.
+May import: nothing of the app (django-q2 is imported when a task is queued).
 """
 
 import logging

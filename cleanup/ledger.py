@@ -5,6 +5,7 @@ that dies mid-perform still leaves a row the sweep will give back (by the step's
 idempotency key); a lease is reserved before it is applied, so a crash between the two
 still restores the baseline. Each row keeps the action id in its own column because a
 row outlives its step; an action row's payload is the module's, stored as it answered.
+May import: the models and `registry`. Imported by the runner.
 """
 
 from django.db import transaction

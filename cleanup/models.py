@@ -2,6 +2,7 @@
 
 State changes that two workers may race on are conditional UPDATEs on these querysets:
 the filter says which state the row must still be in, and the row count says who won.
+May import: conf only; the engine imports the models, never the other way round.
 """
 
 from django.db import models, transaction

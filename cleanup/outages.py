@@ -18,6 +18,7 @@ reason, and nothing waits silently for ever.
 
 The state lives in `ModuleHealth`, so every sweeper and ticker shares it; every change is
 a conditional UPDATE, and only the worker whose UPDATE changed the row logs the change.
+May import: the models, conf, `calls`, `registry`. Imported by the runner and the pass.
 """
 
 import logging

@@ -5,6 +5,7 @@ The plan tells apart the work the next pass will do from the rows waiting for a 
 its target: restored, its baseline handed down to a newer lease (rule 13), or left
 alone because someone else's value is in place. On request it reads the live value of
 each leased target through the lease's ``read``, under the lease's budget.
+May import: the models, conf, `calls`, `registry`. Reads only.
 """
 
 from . import calls, registry

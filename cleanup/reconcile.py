@@ -9,6 +9,7 @@ not know" must never read as "it is gone".
 After a backend restart (rule 14), reconcile also asks about what was given back within
 ``EVENT_RECONCILE_LOOKBACK_S``: a shard that rolled back to its last save may have
 brought some of it back, and each such resource is ledgered anew and given back again.
+May import: the models, conf, `calls`, `registry`; never the pass or a surface.
 """
 
 import logging

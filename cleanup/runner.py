@@ -10,6 +10,8 @@ One ticker at a time advances a run: it claims the run with a conditional UPDATE
 and expiry, like the ledger's claims), and each step's attempt is taken with another,
 so two tickers never perform one step at once, and a ticker that died mid-step leaves a
 claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
+May import: the pass (`cleanup.sweep`), `ledger`, `outages`, `calls`, `registry`,
+`validation`, `enqueue`, the models and conf; never a surface.
 """
 
 import logging

@@ -8,6 +8,7 @@ what only a running cluster leaves: its scheduler queues the tick in the schedul
 group, a worker runs it, and the cluster saves the result with the time it stopped.
 Without a cluster nothing would advance runs or give back what ended runs hold. The
 answer carries no detail beyond ``ok``.
+May import: `tasks` (the schedule's name) and conf.
 """
 
 import logging

@@ -3,6 +3,8 @@
 Each task is a few lines over the engine. django-q2 may hand a task out twice (a worker
 killed mid-task, an acknowledgement that came late), so none of these relies on running
 once: the ledger's claims are what keep two workers off one row.
+May import: anything of the engine; nothing imports it but django-q2 (by dotted
+path), the app config, and surfaces that queue work.
 """
 
 import logging

@@ -5,6 +5,7 @@ resources it held as they were taken and given back, each failed cleanup attempt
 person's retries, and the moment the cleanup gave up or completed. The queries are a
 fixed few whatever the run's size: the curves are counted per time slice in one
 aggregate, and the markers are capped.
+May import: the models only. Reads only.
 """
 
 from datetime import timedelta

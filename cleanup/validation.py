@@ -8,6 +8,7 @@ an infinity, and nothing unbounded is stored.
 
 `json_problem` walks a JSON value without recursion, so a body nested ten thousand levels
 deep is refused like one nested thirty-three, instead of exhausting the stack.
+May import: conf only.
 """
 
 import json

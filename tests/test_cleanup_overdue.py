@@ -10,9 +10,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from cleanup import registry
-from cleanup.sweep import dispatch
 from cleanup.models import Resource
-from cleanup.sweep import sweep
+from cleanup.sweep import dispatch, sweep
 from tests.fakes import FakeAction, make_rows, make_run, make_step
 
 pytestmark = pytest.mark.django_db(transaction=True)

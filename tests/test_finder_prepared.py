@@ -2,11 +2,10 @@
 PostgreSQL: planned once per connection, not at every pass."""
 
 import pytest
-from cleanup.sweep import runs_needing_cleanup
 from django.db import connection
 from django.utils import timezone
 
-from cleanup.sweep import statements
+from cleanup.sweep import runs_needing_cleanup, statements
 from tests.fakes import make_rows, make_run, make_step
 
 
