@@ -177,6 +177,8 @@ class Verdict:
     error: str = ""
     failed: frozenset = field(default_factory=frozenset)
     current: object = None
+    # The module's own reason for each failed ref that it gave one for.
+    reasons: dict = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def terminal(cls, error):
@@ -204,8 +206,10 @@ def _failure_verdict(raw, what):
 def classify_revert(answer, what, refs=()):
     """A revert's or a restore's answer as a `Verdict`.
 
-    ``refs`` are the refs the call was asked about: a ``failed`` list that names anything
-    else is a malformed answer, and a malformed answer is a failure to retry.
+    ``refs`` are the refs the call was asked about. ``failed`` is a list of refs, or an
+    object ``{ref: reason}`` that also says why each was not given back; one that names
+    anything else, or is of another shape, is a malformed answer, and a malformed answer
+    is a failure to retry.
     """
     if answer.exception:
         return Verdict.retry(answer.exception)
@@ -215,12 +219,28 @@ def classify_revert(answer, what, refs=()):
     failed = raw.get("failed", [])
     if failed is None:
         failed = []
+    reasons = {}
+    if isinstance(failed, dict):
+        if not all(isinstance(r, str) and (v is None or isinstance(v, str)) for r, v in failed.items()):
+            return Verdict.retry(f"{what} answered `failed` that is not an object of refs and reasons: {failed!r:.300}")
+        reasons = {ref: reason_text(reason) for ref, reason in failed.items() if reason and reason.strip()}
+        failed = list(failed)
     if not isinstance(failed, list) or not all(isinstance(r, str) for r in failed):
-        return Verdict.retry(f"{what} answered `failed` that is not a list of refs: {failed!r}")
+        return Verdict.retry(f"{what} answered `failed` that is not a list of refs: {failed!r:.300}")
     unknown = sorted(set(failed) - {str(r) for r in refs})
     if unknown:
         return Verdict.retry(f"{what} named refs it was not asked about as failed: {unknown}")
-    return Verdict(Outcome.DONE, failed=frozenset(failed))
+    return Verdict(Outcome.DONE, failed=frozenset(failed), reasons=reasons)
+
+
+# A module's reason for one ref is kept on the row; longer ones are cut.
+MAX_REASON = 500
+
+
+def reason_text(text):
+    """A module's reason as text the ledger can store: no NUL, no lone surrogate, bounded."""
+    text = text.strip().replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -299,6 +319,8 @@ class Reply:
     value: object = None
     error: str = ""
     retry: bool = True
+    # A reconcile's refs the module could not tell about: neither in force nor gone.
+    unknown: frozenset = frozenset()
 
 
 def classify_reply(answer, what, key=None):
@@ -313,10 +335,26 @@ def classify_reply(answer, what, key=None):
 
 
 def classify_reconcile(answer, what):
-    """The set of refs still in force, or a Reply whose ``ok`` is False: "I do not know"."""
+    """The set of refs still in force, and those the module cannot tell about (``unknown``);
+    or a Reply whose ``ok`` is False: "I do not know" about any of them.
+
+    A ref named both in force and unknown makes the whole answer malformed.
+    """
     reply = classify_reply(answer, what, key="in_force")
     if not reply.ok:
         return reply
-    if not isinstance(reply.value, list) or not all(isinstance(r, str) for r in reply.value):
+    if not _refs(reply.value):
         return Reply(ok=False, error=f"{what} answered `in_force` that is not a list of refs")
-    return Reply(ok=True, value=frozenset(reply.value))
+    unknown = answer.raw.get("unknown", [])
+    if unknown is None:
+        unknown = []
+    if not _refs(unknown):
+        return Reply(ok=False, error=f"{what} answered `unknown` that is not a list of refs")
+    both = sorted(set(reply.value) & set(unknown))
+    if both:
+        return Reply(ok=False, error=f"{what} answered refs both in force and unknown: {both[:10]}")
+    return Reply(ok=True, value=frozenset(reply.value), unknown=frozenset(unknown))
+
+
+def _refs(value):
+    return isinstance(value, list) and all(isinstance(r, str) for r in value)

@@ -59,7 +59,8 @@ def _groups(rows):
 
 
 def _ask(group):
-    """The refs in force among ``group``, or None when the module gave no clear answer."""
+    """The module's `calls.Reply` about ``group`` (its ``value``: the refs in force, its
+    ``unknown``: those it cannot tell about), or None when it gave no clear answer."""
     action_id = group[0].action_id
     action = registry.get_action(action_id) if action_id else None
     if action is None or not callable(getattr(action, "reconcile", None)):
@@ -75,7 +76,7 @@ def _ask(group):
     if not reply.ok:
         logger.warning("reconcile of %s left the ledger alone: %s", action_id, reply.error)
         return None, action_id
-    return reply.value, action_id
+    return reply, action_id
 
 
 def module_known(name):
@@ -97,13 +98,16 @@ def reconcile_module(name, restarted=False):
         .order_by("id")
     )
     for group in _groups(live):
-        in_force, action_id = _ask(group)
-        if in_force is None:
+        reply, action_id = _ask(group)
+        if reply is None:
             summary.unanswered += len(group)
             continue
-        summary.asked += len(group)
-        gone = [r for r in group if r.ref not in in_force]
-        summary.in_force += len(group) - len(gone)
+        # Refs the module cannot tell about are left as they are: not knowing is not gone.
+        known = [r for r in group if r.ref not in reply.unknown]
+        summary.unanswered += len(group) - len(known)
+        summary.asked += len(known)
+        gone = [r for r in known if r.ref not in reply.value]
+        summary.in_force += len(known) - len(gone)
         summary.orphaned += _orphan(name, action_id, gone)
     if restarted:
         summary.resurrected = _resurrect(name)
@@ -138,9 +142,9 @@ def _resurrect(name):
     back = []  # (row, what)
     recent = _recent_reverts(name, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
     for group in _groups(recent):
-        in_force, action_id = _ask(group)
-        if in_force:
-            back.extend((row, action_id) for row in group if row.ref in in_force)
+        reply, action_id = _ask(group)
+        if reply is not None:
+            back.extend((row, action_id) for row in group if row.ref in reply.value)
     back.extend(_leases_back(_recent_reverts(name, since).filter(kind=LEASE_KIND).order_by("-id")))
     count = 0
     touched_runs = set()

@@ -170,7 +170,7 @@ def test_perform_refused_by_the_shard_is_terminal_with_the_shards_message(sandbo
 def test_revert_despawns_the_listed_creatures(sandbox):
     resources = perform()["resources"]
     answer = revert(resources)
-    assert answer == {"ok": True, "failed": []}
+    assert answer == {"ok": True, "failed": {}}
     assert present(sandbox, refs_of(resources)) == []
     verdict = calls.classify_revert(calls.Answer(raw=answer), SPAWN.id, refs_of(resources))
     assert verdict.outcome is Outcome.DONE and not verdict.failed
@@ -179,20 +179,20 @@ def test_revert_despawns_the_listed_creatures(sandbox):
 def test_revert_of_an_empty_list_gives_back_what_the_key_spawned(sandbox):
     perform()  # the step died before its resources were recorded
     other = perform(key="another-step")["resources"]
-    assert revert([]) == {"ok": True, "failed": []}
+    assert revert([]) == {"ok": True, "failed": {}}
     assert on_shard(sandbox) == []
     assert present(sandbox, refs_of(other)) == refs_of(other)
 
 
 def test_revert_of_an_empty_list_revokes_the_key_so_a_late_spawn_cannot_land(sandbox):
-    assert revert([], key="timed-out-step") == {"ok": True, "failed": []}
+    assert revert([], key="timed-out-step") == {"ok": True, "failed": {}}
     # The step's spawn, still on its way when the engine gave the key back, arrives now.
     assert_terminal(perform(key="timed-out-step"), "given back")
     assert on_shard(sandbox, key="timed-out-step") == []
 
 
 def test_revert_of_an_empty_list_with_nothing_under_the_key_is_success(sandbox):
-    assert revert([], key="never-performed") == {"ok": True, "failed": []}
+    assert revert([], key="never-performed") == {"ok": True, "failed": {}}
 
 
 def test_revert_names_a_creature_the_shard_refuses_to_despawn_as_failed(sandbox):
@@ -200,19 +200,21 @@ def test_revert_names_a_creature_the_shard_refuses_to_despawn_as_failed(sandbox)
     refs = refs_of(resources)
     sandbox.post("/faults", json={"stuck": [refs[1]]})
     answer = revert(resources)
-    assert answer == {"ok": True, "failed": [refs[1]]}
+    # Each refused creature comes with the shard's reason for it.
+    assert answer == {"ok": True, "failed": {refs[1]: "refused: the orc is in combat"}}
     assert present(sandbox, refs) == [refs[1]]
     verdict = calls.classify_revert(calls.Answer(raw=answer), SPAWN.id, refs)
     assert verdict.outcome is Outcome.DONE and verdict.failed == {refs[1]}
+    assert verdict.reasons == {refs[1]: "refused: the orc is in combat"}
 
 
 def test_revert_of_creatures_already_gone_is_success(sandbox):
     resources = perform()["resources"]
     sandbox.post("/despawn", json={"refs": refs_of(resources)[:2]})
-    assert revert(resources) == {"ok": True, "failed": []}
-    assert revert(resources) == {"ok": True, "failed": []}
+    assert revert(resources) == {"ok": True, "failed": {}}
+    assert revert(resources) == {"ok": True, "failed": {}}
     ghost = [{"kind": "creature", "ref": "cr-never-was", "payload": {}, "member_key": ""}]
-    assert revert(ghost) == {"ok": True, "failed": []}
+    assert revert(ghost) == {"ok": True, "failed": {}}
 
 
 def test_reconcile_answers_the_listed_refs_the_shard_still_has(sandbox):

@@ -150,10 +150,7 @@ def _attempts(result, held, now, by):
         elif result.blamed is not None and verdict.outcome != Outcome.DONE:
             outcome = AttemptOutcome.UNAVAILABLE  # counted; forgiven if the module is found down after it
         if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
-            outcome, error = (
-                AttemptOutcome.FAILED,
-                f"{result.what} could not give back {', '.join(sorted(verdict.failed))}",
-            )
+            outcome, error = AttemptOutcome.FAILED, not_given_back(result.what, row.ref, verdict)
         yield Attempt(
             resource_id=row.pk,
             run_id=row.run_id,
@@ -201,7 +198,7 @@ def _values(result, row, summary, now):
     if verdict.outcome == Outcome.DONE:
         if row.ref in verdict.failed and row.kind != STEP_KIND:
             summary.failed += 1
-            error = f"{result.what} could not give back {', '.join(sorted(verdict.failed))}"
+            error = not_given_back(result.what, row.ref, verdict)
             return {
                 "state": ResourceState.FAILED,
                 "last_error": error,
@@ -240,6 +237,12 @@ def _values(result, row, summary, now):
     }
 
 
+def not_given_back(what, ref, verdict):
+    """A failed row's own error: its ref, and the module's reason for it when it gave one."""
+    reason = verdict.reasons.get(ref)
+    return f"{what} could not give back {ref}: {reason}" if reason else f"{what} could not give back {ref}"
+
+
 def _retry_at(row, now):
     """A retryable failure waits out a backoff that doubles with each attempt."""
     seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, row.revert_attempts - 1)
@@ -253,6 +256,8 @@ def _log_entry(result, rows, now):
         detail["error"] = verdict.error
     if verdict.outcome == Outcome.DONE and verdict.failed:
         detail["failed"] = sorted(verdict.failed)
+        if verdict.reasons:
+            detail["reasons"] = dict(sorted(verdict.reasons.items()))
     if verdict.outcome == Outcome.DRIFTED:
         detail["current"] = verdict.current
     kind = (

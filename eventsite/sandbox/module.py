@@ -191,7 +191,7 @@ class SpawnAction(registry.Action):
             ):
                 return malformed("a list of creatures")
             refs = [c["ref"] for c in creatures]
-        refused = []
+        refused = {}
         for chunk in _chunks(refs):
             reply = shard.post("/despawn", {"refs": chunk})
             if not reply.ok:
@@ -201,9 +201,15 @@ class SpawnAction(registry.Action):
             held = reply.body.get("refused", [])
             if not _str_list(held) or not set(held) <= set(chunk):
                 return malformed("a despawn")
-            refused += held
+            reasons = reply.body.get("reasons") or {}
+            if not isinstance(reasons, dict):
+                return malformed("a despawn")
+            for ref in held:
+                why = reasons.get(ref)
+                refused[ref] = f"refused: {why}" if isinstance(why, str) and why.strip() else "refused by the shard"
         # Removed or already absent: either way it is no longer in the world. A creature
-        # the shard refused to let go is this row's own failure, not the shard's.
+        # the shard refused to let go is this row's own failure, not the shard's, and
+        # each says why.
         return {"ok": True, "failed": refused}
 
     @never_raises

@@ -33,10 +33,11 @@ POST     /spawn                    ``{"key", "creature", "count" (1..500), "at"}
                                    ``creature``/``count``/``at`` answers 409.
 POST     /despawn                  ``{"refs": [...]}`` (at most 1000): 200
                                    ``{"removed": [...], "absent": [...],
-                                   "refused": [...]}``. A ref already gone is no
-                                   error: it is listed as absent. A creature the
-                                   ``stuck`` fault names stays in the world and is
-                                   listed as refused.
+                                   "refused": [...], "reasons": {ref: why}}``. A ref
+                                   already gone is no error: it is listed as absent.
+                                   A creature the ``stuck`` fault names stays in the
+                                   world and is listed as refused, with its reason
+                                   ("the wolf is in combat").
 GET      /creatures[?key=K]        ``{"creatures": [{"ref", "kind", "at", "key"}]}``,
                                    those spawned under K, or all of them.
 POST     /spawns/KEY/revoke        ``{"key", "revoked": true}``: no spawn under KEY
@@ -311,8 +312,14 @@ class World:
             refused = [ref for ref in refs if ref in self.creatures and self._stuck(self.creatures[ref], stuck)]
             held = set(refused)
             removed = [ref for ref in refs if ref not in held and self.creatures.pop(ref, None) is not None]
+            reasons = {ref: f"the {self.creatures[ref]['kind']} is in combat" for ref in refused}
         there = set(removed) | held
-        return {"removed": removed, "absent": [ref for ref in refs if ref not in there], "refused": refused}
+        return {
+            "removed": removed,
+            "absent": [ref for ref in refs if ref not in there],
+            "refused": refused,
+            "reasons": reasons,
+        }
 
     @staticmethod
     def _stuck(creature, stuck):
