@@ -8,6 +8,8 @@ May import: conf only. Imported by everything that calls a module.
 """
 
 import enum
+import functools
+import inspect
 import logging
 import os
 import queue
@@ -98,13 +100,16 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def start(fn, *, what, **kwargs):
+def start(fn, *, what, backend=None, **kwargs):
     """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
 
-    The call happens outside any database transaction of the caller's, on a worker with
-    its own connections, which it closes when the call ends.
+    ``backend`` (which of the module's backends the call is for) is passed on as the
+    keyword ``backend`` when ``fn`` takes it (`backend_kwargs`). The call happens outside
+    any database transaction of the caller's, on a worker with its own connections,
+    which it closes when the call ends.
     """
     future = Future()
+    kwargs = {**kwargs, **backend_kwargs(fn, backend)}
 
     def run():
         try:
@@ -125,17 +130,94 @@ def overdue(future, budget_ms, what):
     return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms", still_running=future)
 
 
-def call(fn, *, budget_ms, what, **kwargs):
+def call(fn, *, budget_ms, what, backend=None, **kwargs):
     """Call ``fn(**kwargs)`` and wait at most ``budget_ms`` for it. Never raises.
 
     A module that hangs costs the caller its budget and no more; the call is abandoned,
     not stopped, which is why the module contract asks for idempotent calls.
     """
-    future = start(fn, what=what, **kwargs)
+    future = start(fn, what=what, backend=backend, **kwargs)
     try:
         return future.result(timeout=budget_ms / 1000)
     except FutureTimeout:
         return overdue(future, budget_ms, what)
+
+
+def backend_kwargs(fn, backend):
+    """``{"backend": backend}`` for a callable that takes it, else nothing.
+
+    A callable that names a ``backend`` parameter always gets it, ``""`` (the module's
+    only backend) included; one that takes ``**kwargs`` gets it when it names one of
+    several backends, so a module with one backend is called exactly as it always was.
+    """
+    if backend is None:
+        return {}
+    takes = _takes_backend(_signature_owner(fn))
+    if takes == "named" or (takes == "kwargs" and backend):
+        return {"backend": backend}
+    return {}
+
+
+def _signature_owner(fn):
+    """What to read the signature of, as a cache key that outlives a bound method."""
+    if inspect.ismethod(fn):
+        return fn.__func__
+    if inspect.isfunction(fn) or inspect.isbuiltin(fn):
+        return fn
+    return type(fn).__call__
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_backend(owner):
+    try:
+        parameters = inspect.signature(owner).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.name == "backend" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters):
+        return "named"
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return "kwargs"
+    return None
+
+
+def backend_of(entry, value, what):
+    """The backend an action names for its params (a lease for its target): ``""`` when it
+    has no ``backend_of``; ``(None, error)`` when its answer cannot name one.
+
+    Answers ``(backend, None)`` or ``(None, error)``.
+    """
+    fn = getattr(entry, "backend_of", None)
+    if not callable(fn):
+        return "", None
+    try:
+        backend = fn(value)
+    except Exception as exc:  # a module's code is untrusted too
+        return None, f"{what} could not name its backend: {type(exc).__name__}: {exc}"
+    if backend is None:
+        return "", None
+    if not backend_name_ok(backend):
+        return None, (
+            f"{what} named its backend {backend!r:.100}: a backend's name is text of at most "
+            f"{MAX_BACKEND} characters, without '/'"
+        )
+    return backend, None
+
+
+def backend_name_ok(backend):
+    """A name the ledger can store and a URL can carry: at most ``MAX_BACKEND`` characters
+    of valid text, no NUL, no ``/``, no space at either end."""
+    if not isinstance(backend, str) or len(backend) > MAX_BACKEND or backend != backend.strip():
+        return False
+    if "\x00" in backend or "/" in backend:
+        return False
+    try:
+        backend.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+MAX_BACKEND = 100
 
 
 def _shape(raw):
@@ -268,6 +350,9 @@ def _resource_problem(index, item):
     member_key = item.get("member_key", "")
     if member_key is not None and not isinstance(member_key, str):
         return f"resources[{index}].member_key must be a string, got {_shape(member_key)}"
+    backend = item.get("backend")
+    if backend is not None and not backend_name_ok(backend):
+        return f"resources[{index}].backend must be a backend's name (text without '/'), got {backend!r:.100}"
     return None
 
 
@@ -305,6 +390,7 @@ def classify_perform(answer, what):
             "ref": item["ref"],
             "payload": dict(item.get("payload") or {}),
             "member_key": item.get("member_key") or "",
+            **({"backend": item["backend"]} if item.get("backend") is not None else {}),
         }
         for item in resources
     )
@@ -332,6 +418,21 @@ def classify_reply(answer, what, key=None):
     if key is not None and key not in raw:
         return Reply(ok=False, error=f"{what} answered ok without `{key}`")
     return Reply(ok=True, value=raw.get(key) if key else None)
+
+
+def classify_health(answer, what):
+    """A ``health()`` answer: ``ok`` with the backend's boot id as ``value`` (None when it
+    gave none, or none that is a short text), or a Reply whose ``ok`` is False saying why."""
+    reply = classify_reply(answer, what)
+    if not reply.ok:
+        return reply
+    boot_id = answer.raw.get("boot_id")
+    if not (isinstance(boot_id, str) and 0 < len(boot_id) <= MAX_BOOT_ID and boot_id.isprintable()):
+        boot_id = None
+    return Reply(ok=True, value=boot_id)
+
+
+MAX_BOOT_ID = 200
 
 
 def classify_reconcile(answer, what):

@@ -25,6 +25,8 @@ BOUNDS = {
     "EVENT_OUTAGE_SPREAD_S": (5, 0, 600),
     # Module calls a pass makes at once; a module may declare a lower `max_concurrency`.
     "EVENT_CALL_CONCURRENCY": (8, 1, 256),
+    # How often an up backend that holds something is asked for its health (its boot id).
+    "EVENT_BACKEND_WATCH_S": (60, 10, 86_400),
 }
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may

@@ -54,8 +54,10 @@ def queue_tick():
     enqueue(TICK, task_name="tick")
 
 
-def queue_reconcile(module=None, restarted=False):
-    enqueue(RECONCILE, module=module, restarted=restarted, task_name="reconcile")
+def queue_reconcile(module=None, restarted=False, backend=None):
+    """Queue a reconcile of every module, of one module, or of one backend of a module."""
+    extra = {} if backend is None else {"backend": backend}
+    enqueue(RECONCILE, module=module, restarted=restarted, task_name="reconcile", **extra)
 
 
 def queue_startup():

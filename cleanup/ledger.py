@@ -23,6 +23,7 @@ def write_placeholder(step, module):
         defaults={
             "run_id": step.run_id,
             "module": module,
+            "backend": step.backend,
             "ref": step.idempotency_key,
             "action": step.action_id,
         },
@@ -34,7 +35,7 @@ def record_resources(step, module, resources):
     """Ledger what a step reports it made; ``resources`` are classified entries.
 
     A ref the step already recorded (a retried perform reporting the same creature) is
-    not recorded twice.
+    not recorded twice. A row is on its step's backend unless the entry names another.
     """
     if not resources:
         return []
@@ -51,6 +52,7 @@ def record_resources(step, module, resources):
                     run_id=step.run_id,
                     step=step,
                     module=module,
+                    backend=item.get("backend", step.backend),
                     kind=item["kind"],
                     ref=item["ref"],
                     member_key=item.get("member_key") or "",
@@ -73,6 +75,7 @@ def reserve_lease(step, lease, target, baseline, applied):
         run_id=step.run_id,
         step=step,
         module=lease.module,
+        backend=step.backend,
         kind=LEASE_KIND,
         ref=registry.lease_ref(lease.id, target),
         action=step.action_id,

@@ -210,6 +210,9 @@ class Step(models.Model):
     position = models.PositiveIntegerField()
     action_id = models.CharField(max_length=200)
     params = models.JSONField(default=dict, blank=True)
+    # Which of its module's backends the step acts on (the action's `backend_of(params)`,
+    # or the lease's `backend_of(target)`); "" for a module with one backend.
+    backend = models.CharField(max_length=100, blank=True, default="")
     idempotency_key = models.CharField(max_length=64, unique=True, editable=False)
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -319,6 +322,8 @@ class Resource(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resources")
     step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="resources")
     module = models.CharField(max_length=100)
+    # Which of the module's backends holds it: its step's, unless `perform` named another.
+    backend = models.CharField(max_length=100, blank=True, default="")
     kind = models.CharField(max_length=100)
     ref = models.CharField(max_length=500)
     member_key = models.CharField(max_length=200, blank=True, default="")
@@ -507,14 +512,15 @@ class ModuleHealthQuerySet(models.QuerySet):
 
 
 class ModuleHealth(models.Model):
-    """Whether a module's backend answers, shared by every sweeper and ticker.
+    """Whether one backend of a module answers, shared by every sweeper and ticker.
 
-    A module with no row has never failed and counts as up. Transitions are conditional
-    UPDATEs in `cleanup.outages`; the row count says which worker made one, and only
-    that worker logs it.
+    One row per ``(module, backend)``; a backend with no row has never failed and counts
+    as up. Transitions are conditional UPDATEs in `cleanup.outages`; the row count says
+    which worker made one, and only that worker logs it.
     """
 
-    module = models.CharField(max_length=100, unique=True)
+    module = models.CharField(max_length=100)
+    backend = models.CharField(max_length=100, blank=True, default="")
     state = models.CharField(max_length=8, choices=ModuleState.choices, default=ModuleState.UP)
     # Answers in a row that blamed the backend (no answer in time, refused, `unavailable`).
     failures_in_row = models.PositiveIntegerField(default=0)
@@ -530,27 +536,45 @@ class ModuleHealth(models.Model):
     gave_up_at = models.DateTimeField(null=True, blank=True)
     changed_by = models.CharField(max_length=150, blank=True, default="")
     updated_at = models.DateTimeField(default=timezone.now)
+    # The backend's boot id as its `health()` last answered it, and when it was last asked
+    # (`cleanup.outages.watch`): a new boot id is a restart nobody reported.
+    boot_id = models.CharField(max_length=200, blank=True, default="")
+    watched_at = models.DateTimeField(null=True, blank=True)
 
     objects = ModuleHealthQuerySet.as_manager()
 
     class Meta:
-        ordering = ["module"]
+        ordering = ["module", "backend"]
         verbose_name_plural = "module health"
+        constraints = [
+            models.UniqueConstraint(fields=["module", "backend"], name="modulehealth_module_backend_uniq"),
+        ]
 
     def __str__(self):
-        return f"{self.module}: {self.state}"
+        return f"{self.name}: {self.state}"
+
+    @property
+    def name(self):
+        """The module, and its backend when it has several: ``sandbox`` or ``sandbox/north``."""
+        return backend_name(self.module, self.backend)
 
     def waiting_text(self):
-        """What a person is shown for work that waits on this module."""
+        """What a person is shown for work that waits on this backend."""
         since = timezone.localtime(self.down_since).strftime("%H:%M:%S") if self.down_since else "?"
         reason = f" ({self.last_error})" if self.last_error else ""
-        return f"waiting: {self.module} is down since {since}{reason}"
+        return f"waiting: {self.name} is down since {since}{reason}"
+
+
+def backend_name(module, backend=""):
+    """How people read a module's backend: the module alone for its only backend."""
+    return f"{module}/{backend}" if backend else module
 
 
 class ModuleEvent(models.Model):
-    """The modules' log: a module marked down or up, by the engine or by a person."""
+    """The modules' log: a module's backend marked down or up, by the engine or by a person."""
 
     module = models.CharField(max_length=100)
+    backend = models.CharField(max_length=100, blank=True, default="")
     kind = models.CharField(max_length=32, choices=ModuleEventKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)

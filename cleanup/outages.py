@@ -4,21 +4,28 @@ Attempts exist to stop a row that cannot be given back from being tried for ever
 count the minutes a shard spent restarting. So the engine tells an answer that blames the
 backend (no answer within the budget, a backend that could not be reached, an envelope
 with ``"unavailable": true``) from an answer about the row, and counts the former per
-module, across rows and runs. ``EVENT_OUTAGE_AFTER`` of them in a row mark the module
-down; its rows and steps are then not attempted, and the answers that led to it are
-forgiven (their attempts are given back to the rows).
+backend of a module, across rows and runs. ``EVENT_OUTAGE_AFTER`` of them in a row mark
+that backend down; its rows and steps are then not attempted, and the answers that led to
+it are forgiven (their attempts are given back to the rows). The module's other backends
+are worked as usual: one shard's outage holds only its own work.
 
-While a module is down, one probe at a time is let through at most every
-``EVENT_OUTAGE_PROBE_S``: the module's ``health()`` when one of its actions or leases has
-it, else one ordinary call (a canary). Any answer that does not blame the backend marks
-the module up, and its waiting rows are spread over ``EVENT_OUTAGE_SPREAD_S`` seconds so a
-recovering shard is not hit by all of them at once. An outage longer than
-``EVENT_OUTAGE_GIVE_UP_S`` ends the wait: the caller fails the waiting work with the
-reason, and nothing waits silently for ever.
+While a backend is down, one probe at a time is let through at most every
+``EVENT_OUTAGE_PROBE_S``: the module's ``health(backend=...)`` when one of its actions or
+leases has it, else one ordinary call (a canary). Any answer that does not blame the
+backend marks it up, and its waiting rows are spread over ``EVENT_OUTAGE_SPREAD_S`` seconds,
+a step's rows together, so a recovering shard is not hit by all of them at once. An outage
+longer than ``EVENT_OUTAGE_GIVE_UP_S`` ends the wait: the caller fails the waiting work with
+the reason, and nothing waits silently for ever.
 
-The state lives in `ModuleHealth`, so every sweeper and ticker shares it; every change is
-a conditional UPDATE, and only the worker whose UPDATE changed the row logs the change.
-May import: the models, conf, `calls`, `registry`. Imported by the runner and the pass.
+A backend that holds live or recently given-back rows is also watched while it is up
+(`watch`): its ``health()`` is asked at least every ``EVENT_BACKEND_WATCH_S``, and a boot
+id other than the last one seen is a restart nobody reported, reconciled at once (rule 14).
+
+The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every sweeper and
+ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
+changed the row logs the change. Every function takes ``backend=""``: a module with one
+backend passes nothing.
+May import: the models, conf, `calls`, `registry`, `enqueue`. Imported by the runner and the pass.
 """
 
 import logging
@@ -26,11 +33,12 @@ from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery
-from django.db.models.functions import Mod
+from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
 from . import calls, registry
 from .conf import setting
+from .enqueue import queue_reconcile
 from .models import (
     CLAIMABLE,
     TERMINAL,
@@ -44,6 +52,7 @@ from .models import (
     Resource,
     ResourceState,
     RunLog,
+    backend_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,81 +78,87 @@ def blame(answer):
     return None
 
 
-def _health(module):
-    """The module's row, made on first need (two workers racing make one)."""
+def _rows(module, backend=""):
+    return ModuleHealth.objects.filter(module=module, backend=backend)
+
+
+def _health(module, backend=""):
+    """The backend's row, made on first need (two workers racing make one)."""
     try:
         with transaction.atomic():
-            return ModuleHealth.objects.get_or_create(module=module)[0]
+            return ModuleHealth.objects.get_or_create(module=module, backend=backend)[0]
     except IntegrityError:
-        return ModuleHealth.objects.get(module=module)
+        return ModuleHealth.objects.get(module=module, backend=backend)
 
 
-def record(module, reason, *, key="", ambiguous=False, now=None):
-    """Count one answer from ``module``; ``reason`` is what `blame` said of it.
+def record(module, reason, *, backend="", key="", ambiguous=False, now=None):
+    """Count one answer from a module's backend; ``reason`` is what `blame` said of it.
 
-    Answers True when this answer marked the module down. An answer that does not blame
-    the backend ends a run of failures, and marks a down module up: it answered.
+    Answers True when this answer marked the backend down. An answer that does not blame
+    the backend ends a run of failures, and marks a down backend up: it answered.
 
     ``ambiguous`` (no answer within the budget) may be the call's own fault, a poison
     pill that hangs whatever the backend: such an answer for ``key`` (the group called)
     counts only when the last one counted was for another key, so one group that hangs
-    again and again never marks its module down; it spends its attempts like any row.
+    again and again never marks its backend down; it spends its attempts like any row.
     """
     now = now or timezone.now()
+    rows = _rows(module, backend)
     if reason is None:
-        ModuleHealth.objects.filter(module=module, failures_in_row__gt=0).update(
-            failures_in_row=0, streak_started_at=None, updated_at=now
-        )
-        if ModuleHealth.objects.filter(module=module, state=ModuleState.DOWN).exists():
-            mark_up(module, by="engine", now=now)
+        rows.filter(failures_in_row__gt=0).update(failures_in_row=0, streak_started_at=None, updated_at=now)
+        if rows.filter(state=ModuleState.DOWN).exists():
+            mark_up(module, backend=backend, by="engine", now=now)
         return False
-    _health(module)
-    counted = ModuleHealth.objects.filter(module=module)
+    _health(module, backend)
+    counted = rows
     if ambiguous and key:
         counted = counted.exclude(last_blamed_key=key)
-    ModuleHealth.objects.filter(module=module, failures_in_row=0).update(streak_started_at=now)
+    rows.filter(failures_in_row=0).update(streak_started_at=now)
     if not counted.update(
         failures_in_row=F("failures_in_row") + 1, last_error=reason[:2000], last_blamed_key=key[:500], updated_at=now
     ):
         return False
-    return _mark_down_after_streak(module, now)
+    return _mark_down_after_streak(module, backend, now)
 
 
-def _mark_down_after_streak(module, now):
+def _mark_down_after_streak(module, backend, now):
     with transaction.atomic():
-        marked = ModuleHealth.objects.filter(
-            module=module, state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER")
-        ).update(
-            state=ModuleState.DOWN,
-            down_since=now,
-            gave_up_at=None,
-            changed_by="engine",
-            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
-            updated_at=now,
+        marked = (
+            _rows(module, backend)
+            .filter(state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER"))
+            .update(
+                state=ModuleState.DOWN,
+                down_since=now,
+                gave_up_at=None,
+                changed_by="engine",
+                next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+                updated_at=now,
+            )
         )
         if not marked:
             return False
-        health = ModuleHealth.objects.get(module=module)
+        health = _rows(module, backend).get()
         forgiven = forgive_streak(health)
-        defer_waiting(module, health.next_probe_at)
+        defer_waiting(module, health.next_probe_at, backend=backend)
         _log(
             module,
             ModuleEventKind.DOWN,
             now,
+            backend=backend,
             by="engine",
             error=health.last_error,
             failures=health.failures_in_row,
             forgiven=forgiven,
         )
-    logger.warning("module %s marked down: %s", module, health.last_error)
+    logger.warning("%s marked down: %s", backend_name(module, backend), health.last_error)
     return True
 
 
 def forgive_streak(health):
     """Give back the attempts that the answers leading to an outage spent.
 
-    Those answers blamed the backend: the rows were not at fault. Each row gets back the
-    number of its attempts the streak spent.
+    Those answers blamed the backend: the rows were not at fault. Each row of that backend
+    gets back the number of its attempts the streak spent.
     """
     if health.streak_started_at is None:
         return 0
@@ -158,6 +173,7 @@ def forgive_streak(health):
     open_states = (*CLAIMABLE, ResourceState.REVERTING)
     rows = Resource.objects.filter(
         module=health.module,
+        backend=health.backend,
         state__in=open_states,
         retryable=True,
         revert_attempts__gt=0,
@@ -172,34 +188,38 @@ def forgive_streak(health):
     )
 
 
-def mark_down(module, *, by, reason="", now=None):
-    """A person marks ``module`` down; answers whether it changed."""
+def mark_down(module, *, by, backend="", reason="", now=None):
+    """A person marks a module's backend down; answers whether it changed."""
     now = now or timezone.now()
-    _health(module)
+    _health(module, backend)
     with transaction.atomic():
-        marked = ModuleHealth.objects.filter(module=module, state=ModuleState.UP).update(
-            state=ModuleState.DOWN,
-            down_since=now,
-            gave_up_at=None,
-            changed_by=by,
-            last_error=reason or f"marked down by {by}",
-            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
-            updated_at=now,
+        marked = (
+            _rows(module, backend)
+            .filter(state=ModuleState.UP)
+            .update(
+                state=ModuleState.DOWN,
+                down_since=now,
+                gave_up_at=None,
+                changed_by=by,
+                last_error=reason or f"marked down by {by}",
+                next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+                updated_at=now,
+            )
         )
         if marked:
-            defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
-            _log(module, ModuleEventKind.DOWN, now, by=by, error=reason or f"marked down by {by}")
+            defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), backend=backend)
+            _log(module, ModuleEventKind.DOWN, now, backend=backend, by=by, error=reason or f"marked down by {by}")
     return bool(marked)
 
 
-def mark_up(module, *, by, now=None):
-    """Mark ``module`` up (a person, or an answer that proved it); answers whether it changed.
+def mark_up(module, *, by, backend="", now=None):
+    """Mark a module's backend up (a person, or an answer that proved it); answers whether it changed.
 
     Its waiting rows resume at once, spread over ``EVENT_OUTAGE_SPREAD_S``.
     """
     now = now or timezone.now()
     with transaction.atomic():
-        health = ModuleHealth.objects.select_for_update().filter(module=module, state=ModuleState.DOWN).first()
+        health = _rows(module, backend).select_for_update().filter(state=ModuleState.DOWN).first()
         if health is None:
             return False
         ModuleHealth.objects.filter(pk=health.pk).update(
@@ -211,24 +231,30 @@ def mark_up(module, *, by, now=None):
             updated_at=now,
         )
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
-        _log(module, ModuleEventKind.UP, now, by=by, down_for_s=down_for, last_error=health.last_error)
-    spread_waiting(module, now)
-    logger.warning("module %s marked up by %s", module, by)
+        _log(module, ModuleEventKind.UP, now, backend=backend, by=by, down_for_s=down_for, last_error=health.last_error)
+    spread_waiting(module, now, backend=backend)
+    logger.warning("%s marked up by %s", backend_name(module, backend), by)
     return True
 
 
-def spread_waiting(module, now):
-    """Let ``module``'s waiting rows be claimed from now on, a bucket at a time.
+def _waiting(module, backend):
+    return Resource.objects.filter(module=module, backend=backend, state__in=CLAIMABLE, retryable=True)
 
-    Rows whose own backoff ends later keep it.
+
+def spread_waiting(module, now, backend=""):
+    """Let a backend's waiting rows be claimed from now on, a bucket at a time.
+
+    Rows are bucketed by their group (a step's rows by the step), so one step's rows
+    resume together and are given back by one call. Rows whose own backoff ends later
+    keep it.
     """
     spread = setting("EVENT_OUTAGE_SPREAD_S")
-    waiting = Resource.objects.filter(module=module, state__in=CLAIMABLE, retryable=True)
+    waiting = _waiting(module, backend).alias(group=Coalesce("step_id", "id"))
     moved = 0
     for bucket in range(SPREAD_BUCKETS):
         at = now + timedelta(seconds=spread * bucket / SPREAD_BUCKETS)
         moved += (
-            waiting.alias(bucket=Mod("id", SPREAD_BUCKETS))
+            waiting.alias(bucket=Mod("group", SPREAD_BUCKETS))
             .filter(bucket=bucket)
             .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at))
             .update(next_attempt_at=at)
@@ -236,23 +262,36 @@ def spread_waiting(module, now):
     return moved
 
 
+def down_backends():
+    """The ``(module, backend)`` pairs that are down now: their work is not attempted."""
+    return set(ModuleHealth.objects.down().values_list("module", "backend"))
+
+
 def down_modules():
-    """The names of the modules that are down now: their work is not attempted."""
-    return set(ModuleHealth.objects.down().values_list("module", flat=True))
+    """The names of the modules with a backend down now."""
+    return {module for module, _backend in down_backends()}
 
 
-def waiting_reasons(modules):
-    """``{module: "waiting: … is down since …"}`` for those of ``modules`` that are down."""
-    return {h.module: h.waiting_text() for h in ModuleHealth.objects.down().filter(module__in=set(modules))}
+def waiting_reasons(keys):
+    """``{key: "waiting: … is down since …"}`` for those of ``keys`` that are down.
+
+    A key is a module's name (its only backend) or a ``(module, backend)`` pair; the
+    answer is keyed as it was asked.
+    """
+    keys = set(keys)
+    pairs = {(k, "") if isinstance(k, str) else tuple(k): k for k in keys}
+    modules = {module for module, _backend in pairs}
+    down = ModuleHealth.objects.down().filter(module__in=modules)
+    return {pairs[(h.module, h.backend)]: h.waiting_text() for h in down if (h.module, h.backend) in pairs}
 
 
-def take_probe(module, now=None):
-    """Claim the next probe of a down module; True for the one worker that may make it."""
+def take_probe(module, now=None, backend=""):
+    """Claim the next probe of a down backend; True for the one worker that may make it."""
     now = now or timezone.now()
     return bool(
-        ModuleHealth.objects.filter(module=module, state=ModuleState.DOWN, next_probe_at__lte=now).update(
-            next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
-        )
+        _rows(module, backend)
+        .filter(state=ModuleState.DOWN, next_probe_at__lte=now)
+        .update(next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
     )
 
 
@@ -264,45 +303,112 @@ def health_callable(module):
     return None, None
 
 
-def probe(module, now=None):
-    """Probe a down module whose probe is due, when this worker wins the claim.
+def ask_health(module, backend=""):
+    """Call the module's ``health()`` for one backend; answers ``(answer, reply)`` or
+    ``(None, None)`` when the module has no ``health()``."""
+    fn, entry = health_callable(module)
+    if fn is None:
+        return None, None
+    what = f"{backend_name(module, backend)}.health"
+    answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=what, backend=backend)
+    return answer, calls.classify_health(answer, what)
+
+
+def probe(module, now=None, backend=""):
+    """Probe a down backend whose probe is due, when this worker wins the claim.
 
     Answers "up" (it answered: marked up), "down" (still down), "canary" (no
     ``health()``: the caller may let one ordinary call through, whose answer is recorded
-    as any other), or None (not due, or another worker probes).
+    as any other), or None (not due, or another worker probes). A boot id in the answer
+    is noted, so a backend that comes back restarted is reconciled (`note_boot`).
     """
     now = now or timezone.now()
-    if not take_probe(module, now):
+    if not take_probe(module, now, backend=backend):
         return None
-    fn, entry = health_callable(module)
-    if fn is None:
+    answer, reply = ask_health(module, backend)
+    if answer is None:
         return "canary"
-    answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=f"{module}.health")
-    if isinstance(answer.raw, dict) and answer.raw.get("ok") is True:
-        mark_up(module, by="probe", now=timezone.now())
+    if reply.ok:
+        mark_up(module, backend=backend, by="probe", now=timezone.now())
+        note_boot(module, backend, reply.value, now)
         return "up"
-    reason = blame(answer) or answer.exception or _refusal(answer.raw, module)
-    ModuleHealth.objects.filter(module=module).update(last_error=reason[:2000])
-    defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")))
+    reason = blame(answer) or reply.error
+    _rows(module, backend).update(last_error=reason[:2000])
+    defer_waiting(module, now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")), backend=backend)
     return "down"
 
 
-def _refusal(raw, module):
-    error = raw.get("error") if isinstance(raw, dict) else None
-    if isinstance(error, str) and error.strip():
-        return error.strip()
-    return f"{module}.health answered without ok: true"
+def note_boot(module, backend, boot_id, now=None):
+    """Keep the boot id a backend's ``health()`` answered; a different one than last time
+    is a restart nobody reported: the backend alone is reconciled with rule 14's look-back.
+
+    Answers True when this worker saw the restart (the conditional UPDATE it won).
+    """
+    now = now or timezone.now()
+    if not boot_id:
+        return False
+    health = _health(module, backend)
+    if health.boot_id == boot_id:
+        return False
+    changed = _rows(module, backend).filter(boot_id=health.boot_id).update(boot_id=boot_id, updated_at=now)
+    if not changed or not health.boot_id:
+        return False  # another worker saw it first, or the first boot id ever seen
+    logger.warning("%s restarted (boot id %s, was %s)", backend_name(module, backend), boot_id, health.boot_id)
+    queue_reconcile(module=module, backend=backend, restarted=True)
+    return True
+
+
+def watched_backends(now, modules):
+    """The backends of ``modules`` that hold live rows or rows given back within
+    ``EVENT_RECONCILE_LOOKBACK_S`` (what a restart could bring back), as pairs."""
+    since = now - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
+    rows = Resource.objects.filter(module__in=modules)
+    live = rows.filter(state=ResourceState.LIVE).values_list("module", "backend").distinct()
+    recent = rows.filter(state=ResourceState.REVERTED, resolved_at__gte=since).values_list("module", "backend")
+    return set(live) | set(recent.distinct())
+
+
+def watch(now=None):
+    """Ask every up backend that holds something for its health, at most every
+    ``EVENT_BACKEND_WATCH_S``, even when no run is active; answers how many were asked.
+
+    One worker asks each backend per interval (a conditional UPDATE of ``watched_at``). An
+    answer that blames the backend counts towards its outage like any other; one with a new
+    boot id is a restart (`note_boot`). A module without ``health()`` cannot be watched.
+    """
+    now = now or timezone.now()
+    watchable = [m for m in registry.modules() if health_callable(m)[0] is not None]
+    if not watchable:
+        return 0
+    due_before = now - timedelta(seconds=setting("EVENT_BACKEND_WATCH_S"))
+    asked = 0
+    for module, backend in sorted(watched_backends(now, watchable)):
+        _health(module, backend)
+        due = Q(watched_at__isnull=True) | Q(watched_at__lte=due_before)
+        if not _rows(module, backend).filter(due, state=ModuleState.UP).update(watched_at=now):
+            continue
+        answer, reply = ask_health(module, backend)
+        asked += 1
+        record(module, blame(answer), backend=backend, key="health", ambiguous=answer.timed_out)
+        if reply.ok:
+            note_boot(module, backend, reply.value, now)
+    return asked
+
+
+def probe_due_backends(now=None):
+    """Probe every down backend whose probe is due; answers the backends whose canary may go."""
+    now = now or timezone.now()
+    due = ModuleHealth.objects.down().filter(next_probe_at__lte=now).values_list("module", "backend")
+    return {(module, backend) for module, backend in due if probe(module, now, backend=backend) == "canary"}
 
 
 def probe_due_modules(now=None):
-    """Probe every down module whose probe is due; answers the modules whose canary may go."""
-    now = now or timezone.now()
-    due = ModuleHealth.objects.down().filter(next_probe_at__lte=now).values_list("module", flat=True)
-    return {module for module in due if probe(module, now) == "canary"}
+    """`probe_due_backends`, by module name."""
+    return {module for module, _backend in probe_due_backends(now)}
 
 
 def outages_past_give_up(now=None):
-    """Modules down longer than ``EVENT_OUTAGE_GIVE_UP_S`` whose work is not yet given up.
+    """Backends down longer than ``EVENT_OUTAGE_GIVE_UP_S`` whose work is not yet given up.
 
     Each is answered once per outage (a conditional UPDATE), with its `ModuleHealth`,
     so that the caller fails its waiting work with the reason.
@@ -317,6 +423,7 @@ def outages_past_give_up(now=None):
                     health.module,
                     ModuleEventKind.GAVE_UP,
                     now,
+                    backend=health.backend,
                     by="engine",
                     error=health.last_error,
                     down_since=health.down_since.isoformat(),
@@ -328,13 +435,13 @@ def outages_past_give_up(now=None):
 def give_up_text(health):
     minutes = round(setting("EVENT_OUTAGE_GIVE_UP_S") / 60)
     return (
-        f"{health.module} was down for more than {minutes} min, so this was not given back"
+        f"{health.name} was down for more than {minutes} min, so this was not given back"
         f" (last error: {health.last_error or 'none'})"
     )
 
 
-def _log(module, kind, now, **detail):
-    ModuleEvent.objects.create(module=module, kind=kind, at=now, detail=detail)
+def _log(module, kind, now, backend="", **detail):
+    ModuleEvent.objects.create(module=module, backend=backend, kind=kind, at=now, detail=detail)
 
 
 def given_up(health, now):
@@ -344,39 +451,39 @@ def given_up(health, now):
     )
 
 
-def outage_of(module, now=None):
-    """The `ModuleHealth` of ``module`` while its work waits on it, else None.
+def outage_of(module, now=None, backend=""):
+    """The `ModuleHealth` of a module's backend while its work waits on it, else None.
 
-    None when the module is up, unknown, or down for longer than the give-up bound.
+    None when the backend is up, unknown, or down for longer than the give-up bound.
     """
     if not module:
         return None
-    health = ModuleHealth.objects.down().filter(module=module).first()
+    health = ModuleHealth.objects.down().filter(module=module, backend=backend).first()
     if health is None or given_up(health, now or timezone.now()):
         return None
     return health
 
 
-def hold(module, now=None):
-    """None when a call to ``module`` may be made now; else when to look again.
+def hold(module, now=None, backend=""):
+    """None when a call to a module's backend may be made now; else when to look again.
 
-    A down module is probed here when its probe is due: a probe that finds it up, or a
+    A down backend is probed here when its probe is due: a probe that finds it up, or a
     canary this caller may make, lets the call through.
     """
     now = now or timezone.now()
-    health = outage_of(module, now)
+    health = outage_of(module, now, backend=backend)
     if health is None:
         return None
-    if probe(module, now) in ("up", "canary"):
+    if probe(module, now, backend=backend) in ("up", "canary"):
         return None
     next_probe = ModuleHealth.objects.filter(pk=health.pk).values_list("next_probe_at", flat=True).first()
     return next_probe or now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
 
 
-def call(entry, fn, *, budget_ms, what, **kwargs):
-    """`calls.call`, with the answer counted towards ``entry``'s module's health."""
-    answer = calls.call(fn, budget_ms=budget_ms, what=what, **kwargs)
-    record(entry.module, blame(answer), key=what, ambiguous=answer.timed_out)
+def call(entry, fn, *, budget_ms, what, backend="", **kwargs):
+    """`calls.call`, with the answer counted towards the health of ``entry``'s module's backend."""
+    answer = calls.call(fn, budget_ms=budget_ms, what=what, backend=backend, **kwargs)
+    record(entry.module, blame(answer), backend=backend, key=what, ambiguous=answer.timed_out)
     return answer
 
 
@@ -397,13 +504,27 @@ def module_known(module):
 
 
 def health_rows(modules):
-    """``{module: ModuleHealth}`` for each of ``modules``, unsaved rows (up) for those never seen."""
-    found = {h.module: h for h in ModuleHealth.objects.filter(module__in=set(modules))}
+    """``{module: ModuleHealth}`` of each of ``modules``' only backend (``""``), unsaved
+    rows (up) for those never seen."""
+    found = {h.module: h for h in ModuleHealth.objects.filter(module__in=set(modules), backend="")}
     return {m: found.get(m) or ModuleHealth(module=m) for m in modules}
 
 
+def backends_of(modules):
+    """``{module: [ModuleHealth, ...]}``: each backend of each module that has a health row
+    or ledger rows, its only backend ``""`` first (an unsaved row, up, when never seen)."""
+    modules = set(modules)
+    found = {(h.module, h.backend): h for h in ModuleHealth.objects.filter(module__in=modules)}
+    ledgered = Resource.objects.filter(module__in=modules).values_list("module", "backend").distinct()
+    keys = set(found) | set(ledgered) | {(m, "") for m in modules}
+    answer = {m: [] for m in modules}
+    for module, backend in sorted(keys):
+        answer[module].append(found.get((module, backend)) or ModuleHealth(module=module, backend=backend))
+    return answer
+
+
 def row_waits(row, max_attempts):
-    """Would the sweep attempt this ledger row now, were its module up? Only such a row waits on it.
+    """Would the sweep attempt this ledger row now, were its backend up? Only such a row waits on it.
 
     Reads ``row.run``: select it with the row.
     """
@@ -416,36 +537,34 @@ def row_waits(row, max_attempts):
     )
 
 
-def defer_waiting(module, until, run_ids=None):
-    """Keep ``module``'s claimable rows out of the sweep until ``until`` (its next probe).
+def defer_waiting(module, until, run_ids=None, backend=""):
+    """Keep a backend's claimable rows out of the sweep until ``until`` (its next probe).
 
     That is how its work waits: the finder and the claim pass over rows whose next
-    attempt is later, so a down module's runs take no place in a pass. The probe that
-    finds the module up brings them back (`spread_waiting`).
+    attempt is later, so a down backend's runs take no place in a pass. The probe that
+    finds it up brings them back (`spread_waiting`).
     """
-    rows = Resource.objects.filter(module=module, state__in=CLAIMABLE, retryable=True)
+    rows = _waiting(module, backend)
     if run_ids is not None:
         rows = rows.filter(run_id__in=run_ids)
     return rows.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=until)).update(next_attempt_at=until)
 
 
-def waiting_until(module, now=None):
-    """When ``module``'s waiting work is looked at again, if its work waits on it; else None."""
-    health = outage_of(module, now)
+def waiting_until(module, now=None, backend=""):
+    """When a backend's waiting work is looked at again, if its work waits on it; else None."""
+    health = outage_of(module, now, backend=backend)
     if health is None:
         return None
     return health.next_probe_at or (now or timezone.now()) + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
 
 
 def give_up_waiting(health, now=None):
-    """An outage past its bound: the module's waiting rows fail for good, with the reason.
+    """An outage past its bound: the backend's waiting rows fail for good, with the reason.
 
     Answers the ids of the runs concerned, whose statuses the caller refreshes.
     """
     now = now or timezone.now()
-    rows = Resource.objects.filter(
-        module=health.module, state__in=CLAIMABLE, retryable=True, run__status__in=TERMINAL, run__auto_cleanup=True
-    )
+    rows = _waiting(health.module, health.backend).filter(run__status__in=TERMINAL, run__auto_cleanup=True)
     run_ids = sorted(set(rows.values_list("run_id", flat=True).distinct()))
     reason = give_up_text(health)
     with transaction.atomic():
@@ -453,52 +572,56 @@ def give_up_waiting(health, now=None):
             state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
         )
         RunLog.objects.bulk_create(
-            RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail={"what": health.module, "error": reason})
+            RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail={"what": health.name, "error": reason})
             for run_id in run_ids
         )
     return run_ids
 
 
 class Snapshot:
-    """What one pass knows of its modules' health, read once, so a pass whose modules are
-    all well spends one query on it, whatever its number of calls."""
+    """What one pass knows of its modules' backends' health, read once, so a pass whose
+    backends are all well spends one query on it, whatever its number of calls.
+
+    Keyed by ``(module, backend)``.
+    """
 
     def __init__(self):
         rows = ModuleHealth.objects.filter(Q(state=ModuleState.DOWN) | Q(failures_in_row__gt=0))
-        self.rows = {h.module: h for h in rows}
+        self.rows = {(h.module, h.backend): h for h in rows}
         self.troubled = set(self.rows)  # down, or answers blaming the backend not yet ended
-        self.down = {m for m, h in self.rows.items() if h.state == ModuleState.DOWN}
+        self.down = {key for key, h in self.rows.items() if h.state == ModuleState.DOWN}
 
-    def record(self, module, reason, *, key="", ambiguous=False):
-        """`record`, skipped for a well module's success: there is nothing to end."""
-        if reason is None and module not in self.troubled:
+    def record(self, module, reason, *, backend="", key="", ambiguous=False):
+        """`record`, skipped for a well backend's success: there is nothing to end."""
+        pair = (module, backend)
+        if reason is None and pair not in self.troubled:
             return False
         if reason is None:
-            self.troubled.discard(module)
-            self.down.discard(module)
+            self.troubled.discard(pair)
+            self.down.discard(pair)
         else:
-            self.troubled.add(module)
-        return record(module, reason, key=key, ambiguous=ambiguous)
+            self.troubled.add(pair)
+        return record(module, reason, backend=backend, key=key, ambiguous=ambiguous)
 
     def before_pass(self, now):
-        """Probe the down modules whose probe is due and end the outages past their bound.
+        """Probe the down backends whose probe is due and end the outages past their bound.
 
-        Answers ``(canaries, given_up)``: the modules that may have one ordinary call,
-        and the `ModuleHealth` of each outage whose waiting work must now fail.
+        Answers ``(canaries, given_up)``: the ``(module, backend)`` pairs that may have one
+        ordinary call, and the `ModuleHealth` of each outage whose waiting work must now fail.
         """
         limit = now - timedelta(seconds=setting("EVENT_OUTAGE_GIVE_UP_S"))
         given_up = []
         if any(h.down_since and h.down_since < limit and h.gave_up_at is None for h in self.rows.values()):
             given_up = outages_past_give_up(now)
         canaries = set()
-        for module in sorted(self.down):
-            health = self.rows[module]
+        for pair in sorted(self.down):
+            health = self.rows[pair]
             if health.next_probe_at is None or health.next_probe_at > now:
                 continue
-            verdict = probe(module, now)
+            verdict = probe(pair[0], now, backend=pair[1])
             if verdict == "up":
-                self.down.discard(module)
-                self.troubled.discard(module)
+                self.down.discard(pair)
+                self.troubled.discard(pair)
             elif verdict == "canary":
-                canaries.add(module)
+                canaries.add(pair)
         return canaries, given_up

@@ -87,18 +87,25 @@ def _newer_leases(run, lease_rows):
     if not lease_rows:
         return {}
     others = [
-        (pk, ref, run_id)
-        for pk, ref, run_id, payload in Resource.objects.filter(
+        (pk, ref, backend, run_id)
+        for pk, ref, backend, run_id, payload in Resource.objects.filter(
             kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED
         )
         .exclude(run=run)
         .order_by("id")
-        .values_list("id", "ref", "run_id", "payload")
+        .values_list("id", "ref", "backend", "run_id", "payload")
         if not (isinstance(payload, dict) and payload.get("confirmed") is False)
     ]
     heirs = {}
     for row in lease_rows:
-        heir = next(((pk, run_id) for pk, ref, run_id in others if ref == row.ref and pk > row.pk), None)
+        heir = next(
+            (
+                (pk, run_id)
+                for pk, ref, backend, run_id in others
+                if (ref, backend) == (row.ref, row.backend) and pk > row.pk
+            ),
+            None,
+        )
         if heir is not None:
             heirs[row.pk] = {"resource": heir[0], "run": heir[1]}
     return heirs
@@ -122,11 +129,11 @@ def _row(r, max_attempts, newer, live):
             "hand_down_to": newer.get(r.pk),
         }
         if live:
-            entry["lease"]["live"] = read_live(r.ref)
+            entry["lease"]["live"] = read_live(r.ref, r.backend)
     return entry
 
 
-def read_live(ref):
+def read_live(ref, backend=""):
     """The value in force on a lease's target now, read through the lease under its budget.
 
     Answers ``{"value": v}`` or ``{"error": text}``; an answer that is not exactly a
@@ -135,7 +142,8 @@ def read_live(ref):
     lease, target = registry.lease_for_ref(ref)
     if lease is None:
         return {"error": f'no module registers the lease "{ref}"'}
-    answer = calls.call(lease.read, budget_ms=calls.budget_of(lease), what=f"{lease.id}.read", target=target)
+    what = f"{lease.id}.read"
+    answer = calls.call(lease.read, budget_ms=calls.budget_of(lease), what=what, backend=backend, target=target)
     raw = answer.raw
     if answer.exception:
         return {"error": answer.exception}

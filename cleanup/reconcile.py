@@ -9,7 +9,7 @@ not know" must never read as "it is gone".
 After a backend restart (rule 14), reconcile also asks about what was given back within
 ``EVENT_RECONCILE_LOOKBACK_S``: a shard that rolled back to its last save may have
 brought some of it back, and each such resource is ledgered anew and given back again.
-May import: the models, conf, `calls`, `registry`; never the pass or a surface.
+May import: the models, conf, `calls`, `registry`, the pass's `leases` (rule 13); never a surface.
 """
 
 import logging
@@ -23,6 +23,7 @@ from django.utils import timezone
 from . import calls, registry
 from .conf import setting
 from .models import LEASE_KIND, STEP_KIND, UNRESOLVED, CleanupStatus, LogKind, Resource, ResourceState, Run, RunLog
+from .sweep import leases
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class ReconcileSummary:
     orphaned: int = 0
     unanswered: int = 0
     resurrected: int = 0
+    forgotten: int = 0  # leases the backend no longer held, settled as orphaned
 
     def line(self, name):
         return (
@@ -48,12 +50,13 @@ class ReconcileSummary:
 
 
 def _groups(rows):
-    """Rows by the step that made them (a row without a step alone), placeholders skipped."""
+    """Rows by the step that made them and the backend that holds them (a row without a
+    step alone), placeholders skipped."""
     groups = {}
     for row in rows:
         if row.kind == STEP_KIND:
             continue
-        key = ("step", row.step_id) if row.step_id is not None else ("row", row.pk)
+        key = ("step", row.step_id, row.backend) if row.step_id is not None else ("row", row.pk)
         groups.setdefault(key, []).append(row)
     return list(groups.values())
 
@@ -69,6 +72,7 @@ def _ask(group):
         action.reconcile,
         budget_ms=calls.budget_of(action),
         what=action_id,
+        backend=group[0].backend,
         run_id=group[0].run_id,
         resources=[{"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key} for r in group],
     )
@@ -86,13 +90,15 @@ def module_known(name):
     return "\x00" not in name and Resource.objects.filter(module=name).exists()
 
 
-def reconcile_module(name, restarted=False):
-    """Reconcile one module's live rows, and after a restart its recent reverts too."""
+def reconcile_module(name, restarted=False, backend=None):
+    """Reconcile one module's live rows, and after a restart its recent reverts and its
+    leases too; ``backend`` (a name, ``""`` included) limits it to that backend's rows."""
     if not module_known(name):
         raise UnknownModule(f'no module is named "{name}"')
     summary = ReconcileSummary()
+    mine = Q(module=name) if backend is None else Q(module=name, backend=backend)
     live = (
-        Resource.objects.filter(module=name, state=ResourceState.LIVE)
+        Resource.objects.filter(mine, state=ResourceState.LIVE)
         .exclude(kind__in=(STEP_KIND, LEASE_KIND))
         .select_related("step")
         .order_by("id")
@@ -110,7 +116,8 @@ def reconcile_module(name, restarted=False):
         summary.in_force += len(known) - len(gone)
         summary.orphaned += _orphan(name, action_id, gone)
     if restarted:
-        summary.resurrected = _resurrect(name)
+        summary.forgotten = _forgotten_leases(name, mine)
+        summary.resurrected = _resurrect(name, mine)
     return summary
 
 
@@ -130,22 +137,22 @@ def _orphan(name, action_id, rows):
     return len(orphaned)
 
 
-def _recent_reverts(name, since):
+def _recent_reverts(mine, since):
     return Resource.objects.filter(
-        module=name, state=ResourceState.REVERTED, resolved_at__gte=since, resurrection__isnull=True
+        mine, state=ResourceState.REVERTED, resolved_at__gte=since, resurrection__isnull=True
     ).select_related("step")
 
 
-def _resurrect(name):
+def _resurrect(name, mine):
     """Rule 14: record again what a rolled-back backend brought back, to give it back."""
     since = timezone.now() - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
     back = []  # (row, what)
-    recent = _recent_reverts(name, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
+    recent = _recent_reverts(mine, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
     for group in _groups(recent):
         reply, action_id = _ask(group)
         if reply is not None:
             back.extend((row, action_id) for row in group if row.ref in reply.value)
-    back.extend(_leases_back(_recent_reverts(name, since).filter(kind=LEASE_KIND).order_by("-id")))
+    back.extend(_leases_back(_recent_reverts(mine, since).filter(kind=LEASE_KIND).order_by("-id")))
     count = 0
     touched_runs = set()
     for row, what in back:
@@ -155,6 +162,7 @@ def _resurrect(name):
                     run_id=row.run_id,
                     step_id=row.step_id,
                     module=row.module,
+                    backend=row.backend,
                     kind=row.kind,
                     ref=row.ref,
                     member_key=row.member_key,
@@ -196,16 +204,50 @@ def _leases_back(rows):
         payload = row.payload if isinstance(row.payload, dict) else {}
         if lease is None or "applied" not in payload or payload["applied"] == payload.get("baseline"):
             continue
-        if Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED).exists():
+        if Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED).exists():
             continue
-        reply = calls.classify_reply(
-            calls.call(lease.read, budget_ms=calls.budget_of(lease), what=f"{lease.id}.read", target=target),
-            f"{lease.id}.read",
-            key="value",
-        )
+        reply = _read(lease, target, row.backend)
         if reply.ok and reply.value == payload["applied"]:
             back.append((row, row.ref))
     return back
+
+
+def _read(lease, target, backend):
+    """The value in force on a lease's target, as a `calls.Reply`."""
+    what = f"{lease.id}.read"
+    answer = calls.call(lease.read, budget_ms=calls.budget_of(lease), what=what, backend=backend, target=target)
+    return calls.classify_reply(answer, what, key="value")
+
+
+FORGOTTEN = "the backend no longer holds this override"
+
+
+def _forgotten_leases(name, mine):
+    """After a restart: the module's open leases whose override the backend no longer holds.
+
+    A setting kept in memory is back at its configured value after a crash, while the
+    ledger still holds the lease. Each target is read once; its open leases are looked at
+    oldest first, and one whose baseline is in force again (and not its own applied value)
+    is ``orphaned`` with the reason, logged, and hands its baseline down to the next newer
+    lease on the target (rule 13), so the stack still restores the first baseline. A row a
+    sweeper holds is left to its verdict; a read without a clear answer changes nothing.
+    Answers how many leases were settled.
+    """
+    rows = list(
+        Resource.objects.filter(mine, kind=LEASE_KIND, state__in=(ResourceState.LIVE, ResourceState.FAILED))
+        .order_by("id")
+        .values_list("ref", "backend")
+        .distinct()
+    )
+    settled = 0
+    for ref, backend in dict.fromkeys(rows):
+        lease, target = registry.lease_for_ref(ref)
+        if lease is None:
+            continue
+        reply = _read(lease, target, backend)
+        if reply.ok:
+            settled += leases.settle_forgotten(ref, backend, reply.value, FORGOTTEN)
+    return settled
 
 
 def reconcile_all(restarted=False):

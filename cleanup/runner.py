@@ -139,10 +139,14 @@ def validate_spec(name, steps):
     for position, step in enumerate(steps):
         where = f"steps[{position}]"
         step_errors = _step_errors(step, where)
-        if step_errors:
-            errors.update(step_errors)
-        else:
-            cleaned.append({"action": step["action"], "params": step.get("params") or {}})
+        if not step_errors:
+            params = step.get("params") or {}
+            backend, problem = _backend_of(step["action"], params)
+            if problem:
+                step_errors = {f"{where}.params": problem}
+            else:
+                cleaned.append({"action": step["action"], "params": params, "backend": backend})
+        errors.update(step_errors)
     if errors:
         raise RunSpecError(errors)
     return cleaned
@@ -181,6 +185,14 @@ def _step_errors(step, where):
     return errors
 
 
+def _backend_of(action_id, params):
+    """Which backend a valid step acts on: ``(backend, None)``, or ``(None, error)``."""
+    if action_id == LEASE:
+        lease = registry.get_lease(params["lease"])
+        return calls.backend_of(lease, params["target"], params["lease"])
+    return calls.backend_of(registry.get_action(action_id), params, action_id)
+
+
 def start_run(name, steps, actor=None):
     """Validate and store a run, then queue a tick so it starts at once."""
     cleaned = validate_spec(name, steps)
@@ -192,6 +204,7 @@ def start_run(name, steps, actor=None):
                 position=position,
                 action_id=step["action"],
                 params=step["params"],
+                backend=step["backend"],
                 idempotency_key=uuid.uuid4().hex,
             )
             for position, step in enumerate(cleaned)
@@ -338,7 +351,7 @@ def advance_run(run_id, deadline=None):
                     calls.Performed(ok=False, error="the ticker performing this step stopped before it had an answer"),
                 )
                 break
-            held = outages.hold(_module_of(step), now)
+            held = outages.hold(_module_of(step), now, backend=step.backend)
             if held is not None:
                 wake_at = _wait_for_module(step, held)
                 break
@@ -364,7 +377,7 @@ def _module_of(step):
 
 def _wait_for_module(step, until):
     """Hold the step while its module is down; say why once per outage. Answers ``until``."""
-    health = outages.outage_of(_module_of(step))
+    health = outages.outage_of(_module_of(step), backend=step.backend)
     reason = health.waiting_text() if health else "waiting for its module to answer again"
     this_outage = reason.split(" (", 1)[0]  # the module and since when, not the latest error
     first = Step.objects.filter(pk=step.pk).exclude(last_error__startswith=this_outage).exists()
@@ -378,6 +391,7 @@ def _wait_for_module(step, until):
             module=getattr(health, "module", None),
             reason=reason,
             until=until.isoformat(),
+            **({"backend": step.backend} if step.backend else {}),
         )
     return until
 
@@ -430,6 +444,7 @@ def _perform_action(step):
         action.perform,
         budget_ms=calls.budget_under_claim(action),
         what=step.action_id,
+        backend=step.backend,
         run_id=step.run_id,
         step_id=step.pk,
         params=step.params,
@@ -455,7 +470,12 @@ def _perform_lease(step):
         # must not read the applied value as the baseline.
         reply = calls.classify_reply(
             outages.call(
-                lease, lease.read, budget_ms=calls.budget_under_claim(lease), what=f"{lease.id}.read", target=target
+                lease,
+                lease.read,
+                budget_ms=calls.budget_under_claim(lease),
+                what=f"{lease.id}.read",
+                backend=step.backend,
+                target=target,
             ),
             f"{lease.id}.read",
             key="value",
@@ -469,6 +489,7 @@ def _perform_lease(step):
             lease.apply,
             budget_ms=calls.budget_under_claim(lease),
             what=f"{lease.id}.apply",
+            backend=step.backend,
             value=params["value"],
             run_id=step.run_id,
             target=target,
@@ -508,7 +529,7 @@ def _record_outcome(step, performed):
                 queue_cleanup(run.pk)
             return now
         return True
-    if performed.retry and (outage := outages.outage_of(_module_of(step), now)) is not None:
+    if performed.retry and (outage := outages.outage_of(_module_of(step), now, backend=step.backend)) is not None:
         # The module's backend is down: this failure is the outage's, not the step's, and
         # spends no attempt. The step waits for the module to answer again.
         if not ours.update(status=StepStatus.PENDING, attempts=F("attempts") - 1, finished_at=None):
@@ -545,6 +566,7 @@ def _record_outcome(step, performed):
 class TickResult:
     advance: AdvanceResult
     sweep: object
+    watched: int = 0  # backends asked for their health (`cleanup.outages.watch`)
 
     @property
     def work_left(self):
@@ -554,14 +576,27 @@ class TickResult:
         return f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
 
 
+def _watch():
+    """The backends' health, at the tick: a restart nobody reported is caught even when no
+    run is active (`cleanup.outages.watch`). Its failure never fails the tick."""
+    try:
+        return outages.watch()
+    except Exception:
+        logger.exception("watching the backends failed; the next tick tries again")
+        return 0
+
+
 def tick(by="tick"):
-    """Advance, then clean up, once. A tick that reached a bound queues the next at once.
+    """Advance, then clean up, then watch the backends' health, once. A tick that reached
+    a bound queues the next at once.
 
     Both legs share ``EVENT_TICK_BUDGET_S``: past it they start nothing new, so that a
     tick ends well inside django-q2's task timeout even against a shard that hangs.
     """
     deadline = timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S"))
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
+    if not past(deadline):
+        result.watched = _watch()
     if result.work_left:
         queue_tick()
     return result

@@ -87,13 +87,13 @@ def notice_staff():
         logger.exception("could not send the cleanup alerts; the next tick tries again")
 
 
-def reconcile_task(module=None, restarted=False):
+def reconcile_task(module=None, restarted=False, backend=None):
     from .reconcile import reconcile_all, reconcile_module
 
     if module is None:
         results = reconcile_all(restarted=restarted)
         return {name: vars(summary) for name, summary in results.items()}
-    summary = reconcile_module(module, restarted=restarted)
+    summary = reconcile_module(module, restarted=restarted, backend=backend)
     if restarted and summary.resurrected:
         queue_sweep()
     return vars(summary)

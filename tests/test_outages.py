@@ -123,7 +123,8 @@ def test_a_probe_through_health_marks_the_module_up_and_resumes_its_rows_spread_
     action.health = health
     registry.register_action(action)
     run = make_run()
-    make_rows(make_step(run), [f"orc-{i}" for i in range(40)], placeholder=False)
+    for step in range(10):
+        make_rows(make_step(run), [f"orc-{step}-{i}" for i in range(4)], placeholder=False)
     start = timezone.now()
     with (
         override_settings(EVENT_OUTAGE_AFTER=1, EVENT_OUTAGE_PROBE_S=15, EVENT_OUTAGE_SPREAD_S=5),
@@ -144,6 +145,11 @@ def test_a_probe_through_health_marks_the_module_up_and_resumes_its_rows_spread_
     due = sorted(Resource.objects.filter(run=run).values_list("next_attempt_at", flat=True))
     assert due[0] == up_at and up_at < due[-1] <= up_at + timedelta(seconds=5)
     assert len(set(due)) > 1, "all the waiting rows would resume at the same instant"
+    # One step's rows resume together: its group is given back by one call, not split.
+    by_step = {}
+    for step_id, at in Resource.objects.filter(run=run).values_list("step_id", "next_attempt_at"):
+        by_step.setdefault(step_id, set()).add(at)
+    assert all(len(times) == 1 for times in by_step.values()), by_step
 
 
 def test_a_probe_without_health_lets_one_canary_call_through():

@@ -35,24 +35,27 @@ class Row:
     member_key: str
     revert_attempts: int
     action: str  # the action that made the row, kept on the row as it outlives its step
+    backend: str = ""  # which of its module's backends holds it
 
 
 @dataclass
 class Group:
-    """Rows given back by one call: a lease row, a step's rows, or one loose row."""
+    """Rows given back by one call: a lease row, a step's rows on one backend, or one loose row."""
 
     kind: str  # "lease", "step" or "row"
     key: int  # the lease row's id, the step's id, or the loose row's id
     run_id: int
     action_id: str | None = None  # the step's action, for a step's group
     step_key: str | None = None  # the step's idempotency key
+    backend: str = ""  # the backend that holds the group's rows
+    module: str | None = None
     rows: list = field(default_factory=list)
 
     @property
     def selector(self):
         """The group's rows, as a condition (a step's rows exclude its lease rows)."""
         if self.kind == "step":
-            return Q(step_id=self.key) & ~Q(kind=LEASE_KIND)
+            return Q(step_id=self.key, backend=self.backend) & ~Q(kind=LEASE_KIND)
         return Q(pk=self.key)
 
 
@@ -104,17 +107,19 @@ def pick_groups(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
     """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
 
     One query that reads a row per group, not per ledger row. Answers the groups and
-    whether some run had more. Groups of a module in ``down`` wait for it, but for one
-    group of each module in ``canaries``: the call that tells whether it is back. A
-    group whose sweepers died holding it more than once is claimed alone.
+    whether some run had more. Groups of a backend in ``down`` (``(module, backend)``
+    pairs) wait for it, but for one group of each backend in ``canaries``: the call that
+    tells whether it is back. The module's other backends are worked as usual. A group
+    whose sweepers died holding it more than once is claimed alone.
     """
     heads = statements.heads(run_ids, now, max_revert_attempts())
     by_run, canaries = {}, set(canaries)
     for head in heads:
-        if head["module"] in down:
-            if head["module"] not in canaries:
+        pair = (head["module"], head["backend"])
+        if pair in down:
+            if pair not in canaries:
                 continue
-            canaries.discard(head["module"])
+            canaries.discard(pair)
         group = _group(head)
         if head["suspect"]:
             # Its claims died with their sweepers twice: maybe its own call kills them.
@@ -131,11 +136,12 @@ def pick_groups(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
 
 
 def _group(head):
+    where = {"backend": head["backend"], "module": head["module"]}
     if head["lease"]:
-        return Group("lease", head["alone"], head["run_id"])
+        return Group("lease", head["alone"], head["run_id"], **where)
     if head["alone"]:
-        return Group("row", head["alone"], head["run_id"])
-    return Group("step", head["step_id"], head["run_id"], head["action_id"], head["step_key"])
+        return Group("row", head["alone"], head["run_id"], **where)
+    return Group("step", head["step_id"], head["run_id"], head["action_id"], head["step_key"], **where)
 
 
 def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(), down=None):
@@ -147,15 +153,16 @@ def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(),
     """
     now = timezone.now()
     per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")
-    down = set(outages.down_modules() if down is None else down)
+    down = set(outages.down_backends() if down is None else down)
     with transaction.atomic():
         taken = take_runs(run_ids, now, skip_locked, limit)
         groups, work_left = pick_groups(taken, now, per_run, down, canaries) if taken else ([], False)
         rows = _claim_rows(taken, groups, token, now) if groups else []
-    for module in down - set(canaries):
-        # Rows of these runs that began waiting since the module went down leave the
+    for module, backend in down - set(canaries):
+        # Rows of these runs that began waiting since the backend went down leave the
         # finder until its next probe.
-        outages.defer_waiting(module, outages.waiting_until(module, now) or now, run_ids=taken)
+        until = outages.waiting_until(module, now, backend=backend) or now
+        outages.defer_waiting(module, until, run_ids=taken, backend=backend)
     return Batch(token, _attach(groups, rows), work_left)
 
 
@@ -166,7 +173,7 @@ def _claim_rows(run_ids, groups, token, now):
     keeps the one the dead sweeper spent, so a module that kills its caller cannot be
     retried for ever.
     """
-    steps = [g.key for g in groups if g.kind == "step"]
+    steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
     where, where_params = statements.claim_rows(run_ids, steps, alone, now, max_revert_attempts())
     return _update_returning(where, where_params, token, now + timedelta(seconds=claim_timeout_s()), now)
@@ -185,7 +192,18 @@ def _update_returning(where, where_params, token, expires, now):
     }
     sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
     params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
-    columns = ("id", "run_id", "step_id", "kind", "ref", "payload", "member_key", "revert_attempts", "action")
+    columns = (
+        "id",
+        "run_id",
+        "step_id",
+        "kind",
+        "ref",
+        "payload",
+        "member_key",
+        "revert_attempts",
+        "action",
+        "backend",
+    )
     table = connection.ops.quote_name(meta.db_table)
     sql = (
         f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + 1 WHERE {where} "
@@ -203,16 +221,16 @@ def _json(field_, value):
 
 def _attach(groups, rows):
     """Give each claimed row to its group; groups whose rows were all taken by others drop out."""
-    by_key = {(g.kind, g.key): g for g in groups}
+    by_key = {(g.kind, g.key, g.backend) if g.kind == "step" else (g.kind, g.key): g for g in groups}
     for row in sorted(rows, key=lambda r: r.pk):
         if row.kind == LEASE_KIND:
             key = ("lease", row.pk)
         elif row.step_id is not None:
-            key = ("step", row.step_id)
+            key = ("step", row.step_id, row.backend)
         else:
             key = ("row", row.pk)
         if key not in by_key:  # a row its step gained since the plan was read
-            by_key[key] = Group(key[0], key[1], row.run_id)
+            by_key[key] = Group(key[0], key[1], row.run_id, backend=row.backend)
             groups.append(by_key[key])
         by_key[key].rows.append(row)
     return [g for g in groups if g.rows]

@@ -47,6 +47,7 @@ class Called:
     running: object = None  # the call, when it outlived its budget and still runs
     blamed: str | None = None  # the answer blamed the module's backend (`cleanup.outages`)
     module: str | None = None  # the module called
+    backend: str = ""  # the module's backend called
     waited: object = None  # set when written: its module is down, the rows wait till then
 
 
@@ -54,6 +55,7 @@ class Called:
 class _Job:
     group: object
     module: str
+    backend: str
     limit: int
     fn: object
     kwargs: dict
@@ -82,6 +84,7 @@ def call_lease(group, token, deadline=None):
         running=outcome.running,
         blamed=outcome.blamed,
         module=getattr(lease, "module", None),
+        backend=group.rows[0].backend,
     )
 
 
@@ -133,6 +136,7 @@ def _revert_job(group):
     return _Job(
         group,
         action.module,
+        group.backend,
         module_limit(action),
         action.revert,
         {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
@@ -155,7 +159,7 @@ def _idempotency_key(group):
 
 
 def module_limit(entry):
-    """How many calls of one module may be in flight at once in a pass."""
+    """How many calls to one backend of a module may be in flight at once in a pass."""
     limit = setting("EVENT_CALL_CONCURRENCY")
     own = getattr(entry, "max_concurrency", None)
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
@@ -191,16 +195,16 @@ class _Flight:
         return len(self.calls) < self.limit
 
     def module_has_room(self, job):
-        return self.per_module[job.module] < job.limit
+        return self.per_module[job.module, job.backend] < job.limit
 
     def start(self, job):
         if past(self.deadline):
             self.results.append(Called(job.group, None, job.what))
             return
-        future = calls.start(job.fn, what=job.what, **job.kwargs)
+        future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
         future.add_done_callback(lambda _f: self.woken.set())
         self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
-        self.per_module[job.module] += 1
+        self.per_module[job.module, job.backend] += 1
 
     def land(self):
         """Take in the calls that answered or ran out of budget (a call past its budget
@@ -209,7 +213,7 @@ class _Flight:
         for job, (future, expires) in list(self.calls.items()):
             if future.done() or time.monotonic() >= expires:
                 del self.calls[job]
-                self.per_module[job.module] -= 1
+                self.per_module[job.module, job.backend] -= 1
                 self.results.append(_verdict_of(job, future, self.health))
 
     def wait(self):
@@ -222,8 +226,18 @@ def _verdict_of(job, future, health):
     answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
     verdict = calls.classify_revert(answer, job.what, refs=job.refs)
     blamed = outages.blame(answer)
-    health.record(job.module, blamed, key=f"{job.group.kind}:{job.group.key}", ambiguous=answer.timed_out)
-    return Called(job.group, verdict, job.what, running=answer.still_running, blamed=blamed, module=job.module)
+    health.record(
+        job.module, blamed, backend=job.backend, key=f"{job.group.kind}:{job.group.key}", ambiguous=answer.timed_out
+    )
+    return Called(
+        job.group,
+        verdict,
+        job.what,
+        running=answer.still_running,
+        blamed=blamed,
+        module=job.module,
+        backend=job.backend,
+    )
 
 
 # -- the keeper of calls that outlived their budget --------------------------------------

@@ -78,6 +78,7 @@ def _restore(run_id, row, token, lease, target):
             lease.restore,
             budget_ms=calls.budget_under_claim(lease),
             what=row.ref,
+            backend=row.backend,
             baseline=payload["baseline"],
             expected=expected,
             run_id=run_id,
@@ -126,13 +127,67 @@ def _confirmed(lease_row):
 
 
 def _open_leases(row):
-    """The other unresolved leases on ``row``'s target, oldest first, locked."""
+    """The other unresolved leases on ``row``'s target (on its backend), oldest first, locked."""
     return list(
         Resource.objects.select_for_update()
-        .filter(kind=LEASE_KIND, ref=row.ref, state__in=UNRESOLVED)
+        .filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED)
         .exclude(pk=row.pk)
         .order_by("id")
     )
+
+
+def settle_forgotten(ref, backend, value, reason):
+    """The leases on one target that its backend forgot (``value`` is in force there now).
+
+    Looked at oldest first: an open lease whose baseline is in force, and not its own
+    applied value, no longer holds the target. It is resolved as ``orphaned`` with
+    ``reason``, logged, and its baseline goes to the next newer open lease, which then
+    holds the target over that baseline (rule 13): the last to end still puts back the
+    value from before the first began. A lease a sweeper holds or a person must look at
+    (drifted) is left alone. Answers how many leases were settled.
+    """
+    now = timezone.now()
+    settled = 0
+    with transaction.atomic():
+        rows = list(
+            Resource.objects.select_for_update()
+            .filter(kind=LEASE_KIND, ref=ref, backend=backend, state__in=UNRESOLVED)
+            .order_by("id")
+        )
+        for index, row in enumerate(rows):
+            payload = row.payload if isinstance(row.payload, dict) else {}
+            if row.state not in (ResourceState.LIVE, ResourceState.FAILED) or "baseline" not in payload:
+                continue
+            if value != payload["baseline"] or value == payload.get("applied"):
+                continue
+            if row.state == ResourceState.FAILED and row.claim_expires_at and row.claim_expires_at > now:
+                continue  # a restore past its budget may still land: its claim decides
+            Resource.objects.filter(pk=row.pk, state=row.state).update(
+                state=ResourceState.ORPHANED,
+                last_error=reason,
+                claim_token=None,
+                claim_expires_at=None,
+                next_attempt_at=None,
+                resolved_at=now,
+                updated_at=now,
+            )
+            heirs = [n for n in rows[index + 1 :] if n.state in UNRESOLVED][:1]
+            row.payload = payload
+            _pass_baseline(row, heirs)
+            for heir in heirs:
+                heir.payload = {**(heir.payload or {}), "baseline": payload["baseline"]}
+            RunLog.write(
+                row.run_id,
+                LogKind.RESOURCE_ORPHANED,
+                resource=f"{row.kind}:{row.ref}",
+                resource_id=row.pk,
+                module=row.module,
+                action=row.ref.partition("#")[0],
+                reason=reason,
+                **({"baseline_to": heirs[0].pk} if heirs else {}),
+            )
+            settled += 1
+    return settled
 
 
 def _next_confirmed(row, open_rows):

@@ -220,15 +220,27 @@ def take_runs(run_ids, now, max_attempts, skip_locked, limit):
 
 
 # What `plan` reads of each claimable group: one row per group, in ledger order.
-HEAD_COLUMNS = ("run_id", "step_id", "alone", "action_id", "step_key", "module", "first", "lease", "suspect")
+HEAD_COLUMNS = (
+    "run_id",
+    "step_id",
+    "alone",
+    "action_id",
+    "step_key",
+    "module",
+    "backend",
+    "first",
+    "lease",
+    "suspect",
+)
 
 
 def heads(run_ids, now, max_attempts):
     """One row per claimable group of ``run_ids`` (`HEAD_COLUMNS`), by run and ledger order.
 
     A lease row and a loose row (no step) are groups of their own (``alone`` is their
-    id); a step's other rows are one group. ``suspect``: a row of the group was taken
-    over from a sweeper that died holding it after an earlier attempt.
+    id); a step's other rows are one group per backend that holds them. ``suspect``: a
+    row of the group was taken over from a sweeper that died holding it after an earlier
+    attempt.
     """
     resource, _, step = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
@@ -237,26 +249,42 @@ def heads(run_ids, now, max_attempts):
     r = resource
     alone = f"CASE WHEN ({r}.kind = %s OR {r}.step_id IS NULL) THEN {r}.id ELSE 0 END"
     sql = (
-        f"SELECT {r}.run_id, {r}.step_id, {alone}, {step}.action_id, {step}.idempotency_key, {r}.module, "
+        f"SELECT {r}.run_id, {r}.step_id, {alone}, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend, "
         f"MIN({r}.id) AS first, MAX(CASE WHEN {r}.kind = %s THEN 1 ELSE 0 END), "
         f"MAX(CASE WHEN ({suspect_sql}) THEN 1 ELSE 0 END) "
         f"FROM {r} LEFT OUTER JOIN {step} ON {step}.id = {r}.step_id "
         f"WHERE {ids_sql} AND {claimable_sql} "
-        f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module "
+        f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend "
         f"ORDER BY {r}.run_id, first"
     )
     params = [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
     return [dict(zip(HEAD_COLUMNS, values, strict=True)) for values in fetch_prepared(sql, params)]
 
 
+def in_pairs(columns, pairs):
+    """``(a, b)`` is one of ``pairs``: SQL and params (two arrays on PostgreSQL)."""
+    pairs = list(pairs)
+    if connection.vendor == "postgresql":
+        firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
+        return f"({columns[0]}, {columns[1]}) IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[]))", [
+            firsts,
+            seconds,
+        ]
+    if not pairs:
+        return "1 = 0", []
+    values = ", ".join(["(%s, %s)"] * len(pairs))
+    return f"({columns[0]}, {columns[1]}) IN (VALUES {values})", [v for pair in pairs for v in pair]
+
+
 def claim_rows(run_ids, steps, alone, now, max_attempts):
     """The WHERE clause (SQL, params) of the rows a claim takes: the step groups' rows but
-    their leases, the lease and loose rows by id, all still claimable."""
+    their leases (``steps``: ``(step id, backend)`` pairs), the lease and loose rows by
+    id, all still claimable."""
     resource, _, _ = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
     ids_sql, ids_params = in_list(f"{resource}.id", alone)
-    steps_sql, steps_params = in_list(f"{resource}.step_id", steps)
+    steps_sql, steps_params = in_pairs((f"{resource}.step_id", f"{resource}.backend"), steps)
     sql = f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
     return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
 

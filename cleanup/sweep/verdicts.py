@@ -111,7 +111,10 @@ def _write_rows(token, called, summaries, now, by=""):
     """Stage and write the rows of ``called`` still held by ``token``, with an `Attempt` for
     each; answers their log entries."""
     held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
-    changes, entries, attempts = _Changes(now), [], []
+    # A step whose rows are on several backends is several groups: written row by row.
+    steps = [r.group.key for r in called if r.group.kind == "step"]
+    split = {key for key in steps if steps.count(key) > 1}
+    changes, entries, attempts = _Changes(now, split), [], []
     _note_waiting(called, now)
     for result in called:
         summary = summaries.setdefault(result.group.run_id, Summary())
@@ -125,7 +128,7 @@ def _write_rows(token, called, summaries, now, by=""):
 
 
 def _note_waiting(called, now):
-    """Which answers that blamed a backend came from a module that is down now.
+    """Which answers that blamed a backend came from a backend that is down now.
 
     Read when the verdicts are written, after every answer of the batch was counted, so
     the answers that together showed the outage all wait and none spends an attempt.
@@ -133,9 +136,10 @@ def _note_waiting(called, now):
     until = {}
     for result in called:
         if result.blamed is not None and result.module:
-            if result.module not in until:
-                until[result.module] = outages.waiting_until(result.module, now)
-            result.waited = until[result.module]
+            pair = (result.module, result.backend)
+            if pair not in until:
+                until[pair] = outages.waiting_until(result.module, now, backend=result.backend)
+            result.waited = until[pair]
 
 
 def _attempts(result, held, now, by):
@@ -270,15 +274,17 @@ class _Changes:
     """The batch's row changes: per step for a step whose rows all take the same values,
     per row for the rest, written by one UPDATE for each of the two."""
 
-    def __init__(self, now):
+    def __init__(self, now, split=frozenset()):
         self.now = now
+        self.split = split  # steps with groups on several backends: staged by row
         self.rows = {}  # row id -> {column: value}, for rows not staged with their whole step
         self.steps = {}  # step id -> {column: value}, for a step's rows that all take the same
 
     def stage(self, group, rows, values_of):
         of_row = {row.pk: values_of(row) for row in rows}
         same = len({tuple(sorted(values.items())) for values in of_row.values()}) == 1
-        if group.kind == "step" and same and len(rows) == len(group.rows):
+        whole = group.kind == "step" and group.key not in self.split
+        if whole and same and len(rows) == len(group.rows):
             self.steps[group.key] = of_row[rows[0].pk]
         else:
             self.rows.update(of_row)

@@ -33,11 +33,12 @@ POST     /spawn                    ``{"key", "creature", "count" (1..500), "at"}
                                    ``creature``/``count``/``at`` answers 409.
 POST     /despawn                  ``{"refs": [...]}`` (at most 1000): 200
                                    ``{"removed": [...], "absent": [...],
-                                   "refused": [...], "reasons": {ref: why}}``. A ref
-                                   already gone is no error: it is listed as absent.
-                                   A creature the ``stuck`` fault names stays in the
-                                   world and is listed as refused, with its reason
-                                   ("the wolf is in combat").
+                                   "refused": [...]}``, and ``"reasons": {ref: why}``
+                                   when some were refused. A ref already gone is no
+                                   error: it is listed as absent. A creature the
+                                   ``stuck`` fault names stays in the world and is
+                                   listed as refused, with its reason ("the wolf is
+                                   in combat").
 GET      /creatures[?key=K]        ``{"creatures": [{"ref", "kind", "at", "key"}]}``,
                                    those spawned under K, or all of them.
 POST     /spawns/KEY/revoke        ``{"key", "revoked": true}``: no spawn under KEY
@@ -314,12 +315,8 @@ class World:
             removed = [ref for ref in refs if ref not in held and self.creatures.pop(ref, None) is not None]
             reasons = {ref: f"the {self.creatures[ref]['kind']} is in combat" for ref in refused}
         there = set(removed) | held
-        return {
-            "removed": removed,
-            "absent": [ref for ref in refs if ref not in there],
-            "refused": refused,
-            "reasons": reasons,
-        }
+        answer = {"removed": removed, "absent": [ref for ref in refs if ref not in there], "refused": refused}
+        return {**answer, "reasons": reasons} if reasons else answer
 
     @staticmethod
     def _stuck(creature, stuck):
