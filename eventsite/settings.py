@@ -135,7 +135,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "cleanup.admin_guards.AdminInputGuard",
+    "cleanup.admin.guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 

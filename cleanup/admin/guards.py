@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.http import HttpResponseRedirect
 
-from . import validation
+from .. import validation
 
 SELECTED = "_selected_action"  # django.contrib.admin.helpers.ACTION_CHECKBOX_NAME
 

@@ -4,7 +4,7 @@ A module is marked down by the engine after answers that blame its backend, and 
 probe that finds it answering; a person can do either here (`cleanup.outages.mark_down`,
 `mark_up`), behind the `cleanup.cleanup_run` permission, and is recorded in the modules'
 log and in the admin's recent actions. Work waiting on a down module shows why on the
-ledger and run pages (`waiting_reasons` in `cleanup.admin`).
+ledger and run pages (`mark_waiting` in `cleanup.admin.lists`).
 """
 
 from django import forms
@@ -13,9 +13,9 @@ from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from . import outages, registry, validation
-from .admin_lists import PersonActionsAdmin, ReadOnlyAdmin, when
-from .models import ModuleEvent, ModuleHealth, ModuleState
+from .. import outages, registry, validation
+from ..models import ModuleEvent, ModuleHealth, ModuleState
+from .lists import PersonActionsAdmin, ReadOnlyAdmin, when
 
 ERROR_CHARS = 90
 

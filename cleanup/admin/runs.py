@@ -18,8 +18,23 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import timeline
-from .admin_lists import (
+from .. import timeline
+from ..conf import max_revert_attempts
+from ..manual import check_cleanup, request_cleanups, waive
+from ..models import (
+    UNRESOLVED,
+    Alert,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+    RunStatus,
+    Step,
+)
+from ..plan import WAITING, cleanup_plan
+from ..runner import RunStateError, cancel_run
+from ..sweep import CleanupRefused
+from .lists import (
     KindFilter,
     LogKindFilter,
     ModuleFilter,
@@ -34,21 +49,6 @@ from .admin_lists import (
     run_link,
     when,
 )
-from .conf import max_revert_attempts
-from .manual import check_cleanup, request_cleanups, waive
-from .models import (
-    UNRESOLVED,
-    Alert,
-    Resource,
-    ResourceState,
-    Run,
-    RunLog,
-    RunStatus,
-    Step,
-)
-from .plan import WAITING, cleanup_plan
-from .runner import RunStateError, cancel_run
-from .sweep import CleanupRefused
 
 # Lists need the width more than a second menu of the models the index already lists.
 admin.site.enable_nav_sidebar = False
@@ -563,6 +563,3 @@ class AlertAdmin(ReadOnlyAdmin):
         if obj.run_id is None:
             return f"module {obj.module}"
         return run_link(obj.run_id, obj.run.name)
-
-
-from . import admin_modules  # noqa: E402, F401  (registers the module pages)

@@ -16,8 +16,8 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .conf import max_revert_attempts
-from .models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
+from ..conf import max_revert_attempts
+from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
 
 
 def when(dt):
@@ -145,7 +145,7 @@ class ModuleFilter(RegistryFilter):
     title = parameter_name = field = "module"
 
     def registered(self):
-        from . import registry
+        from .. import registry
 
         return registry.modules()
 
@@ -270,7 +270,7 @@ def mark_waiting(rows, max_attempts):
 
     One query for the whole page (`cleanup.outages.waiting_reasons`), not one per row.
     """
-    from . import outages
+    from .. import outages
 
     rows = list(rows)
     reasons = outages.waiting_reasons({r.module for r in rows}) if rows else {}
@@ -281,7 +281,7 @@ def mark_waiting(rows, max_attempts):
 
 def mark_steps_waiting(steps):
     """Set ``step.waiting`` on the steps not yet done whose module is down; one query for them all."""
-    from . import outages, registry
+    from .. import outages, registry
 
     open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
     modules = {s: step_module(s, registry) for s in open_steps}
