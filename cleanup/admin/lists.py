@@ -4,6 +4,9 @@
 partial indexes of unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
 keep each list bounded: counts are capped, filter choices are fixed or read from the
 registry and the unresolved rows, and no page can save a row.
+
+May import models, conf, registry and outages, never another module of the admin; the
+admin's pages and the template tags import it.
 """
 
 from django.contrib import admin
@@ -18,6 +21,11 @@ from django.utils.http import urlencode
 
 from ..conf import max_revert_attempts
 from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
+
+
+def actor(request):
+    """Who asked, as the engine records it (the run log, the modules' log)."""
+    return request.user.get_username()
 
 
 def when(dt):
