@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "django_q",
     "cleanup",
     "eventsite.sandbox",
+    "eventsite.bench",
 ]
 
 # Modules from outside the repository: their Django apps, installed by setting

@@ -1,4 +1,4 @@
-"""A sweeper process for the bench: ``python -m cleanup.bench.worker --latency-ms N``.
+"""A sweeper process for the bench: ``python -m eventsite.bench.worker --latency-ms N``.
 
 The real sweep runs here, in a process of its own, so that its peak memory is a
 sweeper's and two of them can race side by side. DATABASE_URL names the scratch
