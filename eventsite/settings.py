@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "django_q",
     "cleanup",
     "eventsite.sandbox",
+    "eventsite.bench",
 ]
 
 # Modules from outside the repository: their Django apps, installed by setting
@@ -135,7 +136,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "cleanup.admin_guards.AdminInputGuard",
+    "cleanup.admin.guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
