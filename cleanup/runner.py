@@ -1,4 +1,6 @@
 """Event runs: starting them, advancing their steps, ending them.
+Imports the layers below it (models, ledger, registry, calls, outages, validation, queueing,
+`cleanup.conf`) and, of the pass (`cleanup.sweep`), only `past` and `refresh_cleanup_status`.
 
 A run is started from a name and an ordered list of steps, validated as a whole before
 anything is stored. The advance leg performs each running run's ready steps in order,
