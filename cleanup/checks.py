@@ -12,9 +12,13 @@ from .conf import SETTINGS, setting
 def check_engine_settings(app_configs=None, **kwargs):
     errors = []
     for entry in SETTINGS:
-        if entry.low is not None and hasattr(settings, entry.name):
-            error = _bounds_error(entry.name, getattr(settings, entry.name), entry.low, entry.high)
-            errors += [error] if error else []
+        if entry.low is None:
+            continue
+        # An old name is checked like the new one: it is still read.
+        for name in entry.names:
+            if hasattr(settings, name):
+                error = _bounds_error(name, getattr(settings, name), entry.low, entry.high)
+                errors += [error] if error else []
     if not errors:
         budget_s = setting("EVENT_DEFAULT_BUDGET_MS")
         claim_s = setting("EVENT_CLAIM_TIMEOUT_S")
@@ -38,6 +42,21 @@ def _bounds_error(name, value, low, high):
     if not low <= value <= high:
         return checks.Error(f"{name}={value!r} is outside {low}..{high}.", hint=hint, id="cleanup.E002")
     return None
+
+
+@checks.register(checks.Tags.compatibility)
+def check_renamed_settings(app_configs=None, **kwargs):
+    return [
+        checks.Warning(
+            f"{old} is deprecated: it is now {entry.name}.",
+            hint=f"Rename {old} to {entry.name}, in the environment or the settings; {old} is read only "
+            f"while {entry.name} is not set.",
+            id="cleanup.W001",
+        )
+        for entry in SETTINGS
+        for old in entry.old_names
+        if hasattr(settings, old)
+    ]
 
 
 @checks.register(checks.Tags.compatibility)

@@ -2,10 +2,10 @@
 Imports only `django.conf`, so that every module of the engine, and a site's settings file,
 may import it.
 
-`SETTINGS` is that table, and `cleanup.checks` checks the values against it. A value is
-read through `setting()` at the moment of use, never at import, so that
-``override_settings`` changes the engine's behaviour in a test; a setting that is not set
-is its default here, and nowhere else.
+`SETTINGS` is that table: `cleanup.checks` checks the values against it, and the site's
+settings file reads each from the environment by it. A value is read through `setting()`
+at the moment of use, never at import, so that ``override_settings`` changes the engine's
+behaviour in a test; a setting that is not set is its default here, and nowhere else.
 """
 
 from dataclasses import dataclass
@@ -22,7 +22,8 @@ class Setting:
     """One engine setting.
 
     ``low`` and ``high`` bound a whole number, and `cleanup.checks` refuses a value outside
-    them; ``None`` leaves the value unchecked.
+    them; ``None`` leaves the value unchecked. ``old_names`` are deprecated names, still read
+    (as Django settings and as environment variables) while ``name`` is not set.
     """
 
     name: str
@@ -31,6 +32,12 @@ class Setting:
     high: int | None
     help: str
     kind: str = INT
+    old_names: tuple[str, ...] = ()
+
+    @property
+    def names(self):
+        """The name first, then the old names, in the order `setting()` reads them."""
+        return (self.name, *self.old_names)
 
 
 DAY_S = 86_400
@@ -59,7 +66,7 @@ SETTINGS = (
     # Advancing runs.
     Setting("EVENT_STEP_MAX_ATTEMPTS", 3, 1, 100, "attempts per step before the run aborts"),
     Setting("EVENT_STEP_BACKOFF_S", 5, 0, DAY_S, "wait after a failed step, doubling each time"),
-    Setting("EVENT_RUN_BATCH", 10, 1, 10_000, "runs per advance leg"),
+    Setting("EVENT_ADVANCE_RUN_BATCH", 10, 1, 10_000, "runs per advance leg", old_names=("EVENT_RUN_BATCH",)),
     Setting(
         "EVENT_RECONCILE_LOOKBACK_S", 3600, 0, 30 * DAY_S, "after a backend restart, how far back to look for leases"
     ),
@@ -112,17 +119,25 @@ SETTINGS = (
     ),
 )
 
-BY_NAME = {entry.name: entry for entry in SETTINGS}
+# Each name, and each old name, to its setting.
+BY_NAME = {name: entry for entry in SETTINGS for name in entry.names}
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may
 # allow more automatic attempts than the table can hold.
 ATTEMPTS_CEILING = BY_NAME["EVENT_REVERT_MAX_ATTEMPTS"].high
 
+_UNSET = object()
+
 
 def setting(name):
-    """The value of an engine setting now: the Django setting of its name, else its default.
-    A name not in `SETTINGS` is a KeyError."""
-    return getattr(settings, name, BY_NAME[name].default)
+    """The value of an engine setting now: the Django setting of its name, else of an old
+    name, else its default. An old name reads the same. A name not in `SETTINGS` is a KeyError."""
+    entry = BY_NAME[name]
+    for candidate in entry.names:
+        value = getattr(settings, candidate, _UNSET)
+        if value is not _UNSET:
+            return value
+    return entry.default
 
 
 def max_revert_attempts():

@@ -254,11 +254,11 @@ def due_runs(now, limit):
 
 
 def advance(by="tick", deadline=None):
-    """The advance leg: every due running run, at most ``EVENT_RUN_BATCH`` of them.
+    """The advance leg: every due running run, at most ``EVENT_ADVANCE_RUN_BATCH`` of them.
 
     Past ``deadline`` no further step is started; the run stays due for the next tick.
     """
-    limit = setting("EVENT_RUN_BATCH")
+    limit = setting("EVENT_ADVANCE_RUN_BATCH")
     ids = due_runs(timezone.now(), limit)
     result = AdvanceResult(full=len(ids) >= limit)
     for run_id in ids:

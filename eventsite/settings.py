@@ -291,15 +291,16 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# The engine (cleanup.conf): each of its settings is read from the environment variable of
-# its name when that is set. Unset, the Django setting stays unset and the engine uses the
-# default in cleanup.conf's table, where each is read at the moment of use (so
-# override_settings works) and checked by the system checks.
+# The engine (cleanup.conf): each of its settings, and each deprecated old name, is read
+# from the environment variable of that name when it is set. Unset, the Django setting stays
+# unset and the engine uses the default in cleanup.conf's table, where each is read at the
+# moment of use (so override_settings works) and checked by the system checks.
 _ENGINE_READERS = {engine_conf.INT: lambda name: env_int(name, None), engine_conf.URL: os.environ.get}
 for _entry in engine_conf.SETTINGS:
-    _value = _ENGINE_READERS[_entry.kind](_entry.name)
-    if _value is not None:
-        globals()[_entry.name] = _value
+    for _name in _entry.names:
+        _value = _ENGINE_READERS[_entry.kind](_name)
+        if _value is not None:
+            globals()[_name] = _value
 
 # django-q2: on Redis when REDIS_URL is set, so that several worker machines share one
 # queue; on the ORM broker (the database, nothing more to run) otherwise. A task is handed
