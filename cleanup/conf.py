@@ -2,10 +2,11 @@
 Imports only `django.conf`, so that every module of the engine, and a site's settings file,
 may import it.
 
-`SETTINGS` is that table: `cleanup.checks` checks the values against it, and the site's
-settings file reads each from the environment by it. A value is read through `setting()`
-at the moment of use, never at import, so that ``override_settings`` changes the engine's
-behaviour in a test; a setting that is not set is its default here, and nowhere else.
+`SETTINGS` is that table: `cleanup.checks` checks the values against it, the site's
+settings file reads each from the environment by it, and bin/settings-doc writes it into
+docs/settings.md. A value is read through `setting()` at the moment of use, never at
+import, so that ``override_settings`` changes the engine's behaviour in a test; a setting
+that is not set is its default here, and nowhere else.
 """
 
 from dataclasses import dataclass
@@ -68,7 +69,11 @@ SETTINGS = (
     Setting("EVENT_STEP_BACKOFF_S", 5, 0, DAY_S, "wait after a failed step, doubling each time"),
     Setting("EVENT_ADVANCE_RUN_BATCH", 10, 1, 10_000, "runs per advance leg", old_names=("EVENT_RUN_BATCH",)),
     Setting(
-        "EVENT_RECONCILE_LOOKBACK_S", 3600, 0, 30 * DAY_S, "after a backend restart, how far back to look for leases"
+        "EVENT_RECONCILE_LOOKBACK_S",
+        3600,
+        0,
+        30 * DAY_S,
+        "after a backend restart, rows given back this recently are asked about again (rule 14)",
     ),
     Setting(
         "EVENT_TICK_BUDGET_S",
@@ -150,3 +155,22 @@ def claim_timeout_s():
 
 def default_budget_ms():
     return setting("EVENT_DEFAULT_BUDGET_MS")
+
+
+def markdown_table():
+    """`SETTINGS` as the Markdown table of docs/settings.md, which bin/settings-doc writes there."""
+    lines = ["| setting | default | accepts | meaning |", "| --- | --- | --- | --- |"]
+    for entry in SETTINGS:
+        was = "".join(f" (was `{old}`, still read when this is not set)" for old in entry.old_names)
+        lines.append(f"| `{entry.name}` | {_shown(entry.default)} | {_accepts(entry)} | {entry.help}{was} |")
+    return "\n".join(lines) + "\n"
+
+
+def _shown(default):
+    return f"`{default}`" if default != "" else "empty"
+
+
+def _accepts(entry):
+    if entry.kind == INT and entry.low is not None:
+        return f"{entry.low} to {entry.high}"
+    return f"{entry.kind}, empty for none" if entry.kind == URL else f"{entry.kind} (not checked)"
