@@ -26,10 +26,11 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(PY) bin/demo
 
-# The sweep beside a plain-SQL sweep and a row-at-a-time one, on a scratch database
-# (eventsite_bench) of the PostgreSQL server in DATABASE_URL, else the local one; see
-# README. Options through BENCH_ARGS, e.g. BENCH_ARGS="--resources 1 --workers 2 --json";
-# BENCH_ARGS="--night": time to clean through a real sandbox shard and django-q2 cluster.
+# `manage.py bench` (the site's app eventsite/bench/): the sweep beside a plain-SQL sweep
+# and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
+# server in DATABASE_URL, else the local one; see README. Options through BENCH_ARGS,
+# e.g. BENCH_ARGS="--resources 1 --workers 2 --json"; BENCH_ARGS="--night": time to clean
+# through a real sandbox shard and django-q2 cluster.
 bench: $(STAMP)
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/eventsite}" DEBUG=1 \
 	    $(PY) manage.py bench $(BENCH_ARGS)

@@ -1,4 +1,5 @@
 """Telling staff when a run's cleanup gives up, and when it later completes.
+Imports the models and `cleanup.conf`, nothing of the pass: it reads what the runs say.
 
 Transitions are read from the runs themselves, never from inside the sweep: a run whose
 ``cleanup_status`` is `incomplete` while ``alerted_status`` says staff were not told so
@@ -28,6 +29,7 @@ from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from .conf import setting
 from .models import (
     TERMINAL,
     UNRESOLVED,
@@ -113,13 +115,13 @@ def channels():
     found = []
     if settings.ADMINS:
         found.append(AlertChannel.MAIL)
-    if getattr(settings, "EVENT_ALERT_WEBHOOK_URL", ""):
+    if setting("EVENT_ALERT_WEBHOOK_URL"):
         found.append(AlertChannel.WEBHOOK)
     return found
 
 
 def run_url(run_id):
-    base = (getattr(settings, "EVENT_SITE_URL", "") or "").rstrip("/")
+    base = (setting("EVENT_SITE_URL") or "").rstrip("/")
     return base + reverse("admin:cleanup_run_change", args=[run_id])
 
 
@@ -189,10 +191,10 @@ def send(alert):
 
 
 def post_webhook(payload):
-    url = getattr(settings, "EVENT_ALERT_WEBHOOK_URL", "")
+    url = setting("EVENT_ALERT_WEBHOOK_URL")
     if not url:
         return "EVENT_ALERT_WEBHOOK_URL is not set"
-    timeout = getattr(settings, "EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3)
+    timeout = setting("EVENT_ALERT_WEBHOOK_TIMEOUT_S")
     response = httpx.post(url, json=payload, timeout=timeout, follow_redirects=False)
     if response.status_code >= 300:
         return f"the webhook answered {response.status_code}"
@@ -250,7 +252,7 @@ def tell_module(event_id):
 
 
 def modules_url():
-    base = (getattr(settings, "EVENT_SITE_URL", "") or "").rstrip("/")
+    base = (setting("EVENT_SITE_URL") or "").rstrip("/")
     return base + reverse("admin:cleanup_modulehealth_changelist")
 
 

@@ -1,37 +1,27 @@
-"""System checks for the engine's settings and django-q2's configuration."""
+"""System checks (`manage.py check`) for the engine's settings and django-q2's configuration.
+Imports only `cleanup.conf`, whose table the setting checks iterate, and Django.
+"""
 
 from django.conf import settings
 from django.core import checks
 
-from .conf import BOUNDS
+from .conf import SETTINGS, setting
 
 
 @checks.register(checks.Tags.compatibility)
 def check_engine_settings(app_configs=None, **kwargs):
     errors = []
-    for name, (_default, low, high) in BOUNDS.items():
-        if not hasattr(settings, name):
+    for entry in SETTINGS:
+        if entry.low is None:
             continue
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(
-                checks.Error(
-                    f"{name}={value!r} is not a whole number.",
-                    hint=f"Set {name} to a whole number from {low} to {high}.",
-                    id="cleanup.E001",
-                )
-            )
-        elif not low <= value <= high:
-            errors.append(
-                checks.Error(
-                    f"{name}={value!r} is outside {low}..{high}.",
-                    hint=f"Set {name} to a whole number from {low} to {high}.",
-                    id="cleanup.E002",
-                )
-            )
+        # An old name is checked like the new one: it is still read.
+        for name in entry.names:
+            if hasattr(settings, name):
+                error = _bounds_error(name, getattr(settings, name), entry.low, entry.high)
+                errors += [error] if error else []
     if not errors:
-        budget_s = getattr(settings, "EVENT_DEFAULT_BUDGET_MS", BOUNDS["EVENT_DEFAULT_BUDGET_MS"][0])
-        claim_s = getattr(settings, "EVENT_CLAIM_TIMEOUT_S", BOUNDS["EVENT_CLAIM_TIMEOUT_S"][0])
+        budget_s = setting("EVENT_DEFAULT_BUDGET_MS")
+        claim_s = setting("EVENT_CLAIM_TIMEOUT_S")
         if claim_s * 1000 <= budget_s:
             errors.append(
                 checks.Error(
@@ -42,6 +32,31 @@ def check_engine_settings(app_configs=None, **kwargs):
                 )
             )
     return errors
+
+
+def _bounds_error(name, value, low, high):
+    """Why a whole-number setting's value is refused (E001, E002), or None."""
+    hint = f"Set {name} to a whole number from {low} to {high}."
+    if isinstance(value, bool) or not isinstance(value, int):
+        return checks.Error(f"{name}={value!r} is not a whole number.", hint=hint, id="cleanup.E001")
+    if not low <= value <= high:
+        return checks.Error(f"{name}={value!r} is outside {low}..{high}.", hint=hint, id="cleanup.E002")
+    return None
+
+
+@checks.register(checks.Tags.compatibility)
+def check_renamed_settings(app_configs=None, **kwargs):
+    return [
+        checks.Warning(
+            f"{old} is deprecated: it is now {entry.name}.",
+            hint=f"Rename {old} to {entry.name}, in the environment or the settings; {old} is read only "
+            f"while {entry.name} is not set.",
+            id="cleanup.W001",
+        )
+        for entry in SETTINGS
+        for old in entry.old_names
+        if hasattr(settings, old)
+    ]
 
 
 @checks.register(checks.Tags.compatibility)
@@ -60,8 +75,8 @@ def check_q_cluster(app_configs=None, **kwargs):
                 id="cleanup.E011",
             )
         )
-    tick_s = getattr(settings, "EVENT_TICK_BUDGET_S", 300)
-    call_s = getattr(settings, "EVENT_DEFAULT_BUDGET_MS", 10_000) / 1000
+    tick_s = setting("EVENT_TICK_BUDGET_S")
+    call_s = setting("EVENT_DEFAULT_BUDGET_MS") / 1000
     if isinstance(timeout, int) and isinstance(tick_s, int) and tick_s + call_s >= timeout:
         errors.append(
             checks.Error(

@@ -1,42 +1,156 @@
-"""The engine's settings, with their defaults and bounds, read at the moment of use.
+"""The engine's settings: every ``EVENT_*`` setting's default, bounds and meaning, in one table.
+Imports only `django.conf`, so that every module of the engine, and a site's settings file,
+may import it.
 
-Reading through `setting()` rather than at import is what lets `override_settings`
-change the engine's behaviour in a test, and lets `cleanup.checks` name a bad value.
+`SETTINGS` is that table: `cleanup.checks` checks the values against it, the site's
+settings file reads each from the environment by it, and bin/settings-doc writes it into
+docs/settings.md. A value is read through `setting()` at the moment of use, never at
+import, so that ``override_settings`` changes the engine's behaviour in a test; a setting
+that is not set is its default here, and nowhere else.
 """
+
+from dataclasses import dataclass
 
 from django.conf import settings
 
-# name: (default, lowest allowed, highest allowed)
-BOUNDS = {
-    "EVENT_REVERT_MAX_ATTEMPTS": (3, 1, 100),
-    "EVENT_REVERT_BACKOFF_S": (30, 0, 86_400),
-    "EVENT_CLEANUP_RUN_BATCH": (10, 1, 10_000),
-    "EVENT_CLEANUP_GROUPS_PER_RUN": (25, 1, 10_000),
-    "EVENT_DEFAULT_BUDGET_MS": (10_000, 1, 600_000),
-    "EVENT_CLAIM_TIMEOUT_S": (120, 1, 86_400),
-    "EVENT_STEP_MAX_ATTEMPTS": (3, 1, 100),
-    "EVENT_STEP_BACKOFF_S": (5, 0, 86_400),
-    "EVENT_RUN_BATCH": (10, 1, 10_000),
-    "EVENT_RECONCILE_LOOKBACK_S": (3600, 0, 30 * 86_400),
-    "EVENT_TICK_BUDGET_S": (300, 1, 86_400),
-    "EVENT_OUTAGE_AFTER": (3, 1, 1_000),
-    "EVENT_OUTAGE_PROBE_S": (15, 1, 3_600),
-    "EVENT_OUTAGE_GIVE_UP_S": (3_600, 1, 30 * 86_400),
-    "EVENT_OUTAGE_SPREAD_S": (5, 0, 600),
-    # Module calls a pass makes at once; a module may declare a lower `max_concurrency`.
-    "EVENT_CALL_CONCURRENCY": (8, 1, 256),
-    # How often an up backend that holds something is asked for its health (its boot id).
-    "EVENT_BACKEND_WATCH_S": (60, 10, 86_400),
-}
+# Kinds of value, as docs/settings.md names them.
+INT = "whole number"
+URL = "URL"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One engine setting.
+
+    ``low`` and ``high`` bound a whole number, and `cleanup.checks` refuses a value outside
+    them; ``None`` leaves the value unchecked. ``old_names`` are deprecated names, still read
+    (as Django settings and as environment variables) while ``name`` is not set.
+    """
+
+    name: str
+    default: int | str
+    low: int | None
+    high: int | None
+    help: str
+    kind: str = INT
+    old_names: tuple[str, ...] = ()
+
+    @property
+    def names(self):
+        """The name first, then the old names, in the order `setting()` reads them."""
+        return (self.name, *self.old_names)
+
+
+DAY_S = 86_400
+
+SETTINGS = (
+    # The cleanup pass. The database CHECK on Resource.revert_attempts is written with the
+    # upper bound of EVENT_REVERT_MAX_ATTEMPTS (`ATTEMPTS_CEILING`): raising it needs a migration.
+    Setting(
+        "EVENT_REVERT_MAX_ATTEMPTS",
+        3,
+        1,
+        100,
+        "automatic attempts per ledger row, then it waits for a person",
+    ),
+    Setting("EVENT_REVERT_BACKOFF_S", 30, 0, DAY_S, "wait after a failed revert attempt, doubling each time"),
+    Setting("EVENT_CLEANUP_RUN_BATCH", 10, 1, 10_000, "runs per cleanup leg"),
+    Setting("EVENT_CLEANUP_GROUPS_PER_RUN", 25, 1, 10_000, "groups (revert calls) per run per pass"),
+    Setting("EVENT_DEFAULT_BUDGET_MS", 10_000, 1, 600_000, "deadline of a module call without `budget_ms`"),
+    Setting(
+        "EVENT_CLAIM_TIMEOUT_S",
+        120,
+        1,
+        DAY_S,
+        "when a dead worker's claim may be taken over; longer than a module call (`EVENT_DEFAULT_BUDGET_MS`)",
+    ),
+    # Advancing runs.
+    Setting("EVENT_STEP_MAX_ATTEMPTS", 3, 1, 100, "attempts per step before the run aborts"),
+    Setting("EVENT_STEP_BACKOFF_S", 5, 0, DAY_S, "wait after a failed step, doubling each time"),
+    Setting("EVENT_ADVANCE_RUN_BATCH", 10, 1, 10_000, "runs per advance leg", old_names=("EVENT_RUN_BATCH",)),
+    Setting(
+        "EVENT_RECONCILE_LOOKBACK_S",
+        3600,
+        0,
+        30 * DAY_S,
+        "after a backend restart, rows given back this recently are asked about again (rule 14)",
+    ),
+    Setting(
+        "EVENT_TICK_BUDGET_S",
+        300,
+        1,
+        DAY_S,
+        "a tick starts no new work after this; with one module call it must end below django-q2's timeout",
+    ),
+    Setting(
+        "EVENT_CALL_CONCURRENCY",
+        8,
+        1,
+        256,
+        "module calls a pass makes at once (a module may declare a lower `max_concurrency`)",
+    ),
+    # A module's backend that is down.
+    Setting("EVENT_OUTAGE_AFTER", 3, 1, 1_000, "answers in a row blaming a module's backend that mark it down"),
+    Setting("EVENT_OUTAGE_PROBE_S", 15, 1, 3_600, "how often a down module is probed"),
+    Setting(
+        "EVENT_OUTAGE_GIVE_UP_S",
+        3_600,
+        1,
+        30 * DAY_S,
+        "an outage longer than this fails its waiting rows with the reason",
+    ),
+    Setting("EVENT_OUTAGE_SPREAD_S", 5, 0, 600, "a backend's waiting rows resume spread over this many seconds"),
+    Setting(
+        "EVENT_BACKEND_WATCH_S",
+        60,
+        10,
+        86_400,
+        "an up backend that holds live or recently given-back rows is asked for its health (its boot id) at "
+        "least this often, at the tick, so a restart nobody reported is caught; the tick runs every minute",
+    ),
+    # What one run may hold (cleanup.validation).
+    Setting("EVENT_MAX_STEPS", 1000, None, None, "the most steps a run may have"),
+    Setting("EVENT_MAX_PARAMS_BYTES", 16 * 1024, None, None, "the largest params of one step, in bytes of JSON"),
+    # Telling staff (cleanup.alerts).
+    Setting(
+        "EVENT_ALERT_WEBHOOK_URL", "", None, None, "where alerts are POSTed as JSON (none are when empty)", kind=URL
+    ),
+    Setting(
+        "EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3, None, None, "how long a webhook may take before it is tried again later"
+    ),
+    Setting(
+        "EVENT_SITE_URL", "", None, None, "the start of links in alerts, such as `https://events.example.com`", kind=URL
+    ),
+    # The site's probe (/healthz). The tick is due every minute: a few missed ones are a
+    # slow worker, more is no worker.
+    Setting(
+        "EVENT_HEALTH_STALE_S",
+        300,
+        None,
+        None,
+        "`/healthz` answers 503 when no cluster finished a tick within this many seconds",
+    ),
+)
+
+# Each name, and each old name, to its setting.
+BY_NAME = {name: entry for entry in SETTINGS for name in entry.names}
 
 # The database CHECK on Resource.revert_attempts uses this ceiling, so no setting may
 # allow more automatic attempts than the table can hold.
-ATTEMPTS_CEILING = BOUNDS["EVENT_REVERT_MAX_ATTEMPTS"][2]
+ATTEMPTS_CEILING = BY_NAME["EVENT_REVERT_MAX_ATTEMPTS"].high
+
+_UNSET = object()
 
 
 def setting(name):
-    default = BOUNDS[name][0]
-    return getattr(settings, name, default)
+    """The value of an engine setting now: the Django setting of its name, else of an old
+    name, else its default. An old name reads the same. A name not in `SETTINGS` is a KeyError."""
+    entry = BY_NAME[name]
+    for candidate in entry.names:
+        value = getattr(settings, candidate, _UNSET)
+        if value is not _UNSET:
+            return value
+    return entry.default
 
 
 def max_revert_attempts():
@@ -49,3 +163,22 @@ def claim_timeout_s():
 
 def default_budget_ms():
     return setting("EVENT_DEFAULT_BUDGET_MS")
+
+
+def markdown_table():
+    """`SETTINGS` as the Markdown table of docs/settings.md, which bin/settings-doc writes there."""
+    lines = ["| setting | default | accepts | meaning |", "| --- | --- | --- | --- |"]
+    for entry in SETTINGS:
+        was = "".join(f" (was `{old}`, still read when this is not set)" for old in entry.old_names)
+        lines.append(f"| `{entry.name}` | {_shown(entry.default)} | {_accepts(entry)} | {entry.help}{was} |")
+    return "\n".join(lines) + "\n"
+
+
+def _shown(default):
+    return f"`{default}`" if default != "" else "empty"
+
+
+def _accepts(entry):
+    if entry.kind == INT and entry.low is not None:
+        return f"{entry.low} to {entry.high}"
+    return f"{entry.kind}, empty for none" if entry.kind == URL else f"{entry.kind} (not checked)"

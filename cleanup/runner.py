@@ -1,4 +1,6 @@
 """Event runs: starting them, advancing their steps, ending them.
+Imports the layers below it (models, ledger, registry, calls, outages, validation, queueing,
+`cleanup.conf`) and, of the pass (`cleanup.sweep`), only `past` and `refresh_cleanup_status`.
 
 A run is started from a name and an ordered list of steps, validated as a whole before
 anything is stored. The advance leg performs each running run's ready steps in order,
@@ -267,11 +269,11 @@ def due_runs(now, limit):
 
 
 def advance(by="tick", deadline=None):
-    """The advance leg: every due running run, at most ``EVENT_RUN_BATCH`` of them.
+    """The advance leg: every due running run, at most ``EVENT_ADVANCE_RUN_BATCH`` of them.
 
     Past ``deadline`` no further step is started; the run stays due for the next tick.
     """
-    limit = setting("EVENT_RUN_BATCH")
+    limit = setting("EVENT_ADVANCE_RUN_BATCH")
     ids = due_runs(timezone.now(), limit)
     result = AdvanceResult(work_left=len(ids) >= limit)
     for run_id in ids:

@@ -1,4 +1,5 @@
 """``/healthz``: is this site able to do its work? For a load balancer or a probe.
+Imports `cleanup.conf`, the tick's schedule names from `cleanup.tasks`, and django-q2's models.
 
 Healthy means the database answers and a django-q2 cluster runs the tick: the tick's
 schedule is there, and a worker finished a tick fired from it within the last few
@@ -14,7 +15,6 @@ May import: `tasks` (the schedule's name) and conf.
 import logging
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse
 from django.utils import timezone
@@ -22,16 +22,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
+from .conf import setting
 from .tasks import SCHEDULE_FUNC, SCHEDULE_NAME
 
 logger = logging.getLogger(__name__)
 
-# The tick is due every minute; a few missed ones are a slow worker, more is no worker.
-STALE_AFTER_S = 300
-
 
 def stale_after():
-    return timedelta(seconds=getattr(settings, "EVENT_HEALTH_STALE_S", STALE_AFTER_S))
+    return timedelta(seconds=setting("EVENT_HEALTH_STALE_S"))
 
 
 def ticks():

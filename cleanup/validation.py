@@ -1,4 +1,5 @@
 """The checks every write path runs on what it is handed, in one place.
+Imports only `cleanup.conf` (the limits on a run), so that every door may import it.
 
 The API, the admin and the commands all store what a person or a console sends: a run's
 name and steps, a lease's target, a waiver's reason. Whatever the door, the value is
@@ -14,7 +15,7 @@ May import: conf only.
 import json
 import math
 
-from django.conf import settings
+from .conf import setting
 
 MAX_DEPTH = 32
 # A whole number past 64 bits is refused: PostgreSQL's jsonb would keep it, but Python
@@ -26,8 +27,6 @@ MAX_TARGET = 200
 MAX_REASON = 1000
 MAX_ACTOR = 150
 
-DEFAULTS = {"EVENT_MAX_STEPS": 1000, "EVENT_MAX_PARAMS_BYTES": 16 * 1024}
-
 
 class Invalid(ValueError):
     """Values that cannot be stored. ``errors`` maps each field to what is wrong with it."""
@@ -38,7 +37,8 @@ class Invalid(ValueError):
 
 
 def limit(name):
-    return getattr(settings, name, DEFAULTS[name])
+    """A limit on what one run may hold (``EVENT_MAX_STEPS``, ``EVENT_MAX_PARAMS_BYTES``), read now."""
+    return setting(name)
 
 
 def field_path(parent, key):

@@ -1,4 +1,6 @@
-"""Settings for the example site, read from the environment.
+"""Settings for the example site, read from the environment (docs/settings.md lists them).
+Imports the standard library, dj-database-url and Django's exceptions, and `cleanup.conf`
+for the names of the engine's settings: their defaults live there, not here.
 
 Every value a deployment changes comes from an environment variable of the same name.
 The helpers below refuse values they cannot read, naming the variable, rather than
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from cleanup import conf as engine_conf
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("EVENTSITE_VAR_DIR", BASE_DIR / "var"))
@@ -114,6 +118,7 @@ INSTALLED_APPS = [
     "django_q",
     "cleanup",
     "eventsite.sandbox",
+    "eventsite.bench",
 ]
 
 # Modules from outside the repository: their Django apps, installed by setting
@@ -135,7 +140,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "cleanup.admin_guards.AdminInputGuard",
+    "cleanup.admin.guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -211,16 +216,27 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
-# Mail, for ADMINS and the alerts: EMAIL_HOST unset means no mail is sent.
-ADMINS = [("", address) for address in env_list("ADMINS", [])]
-EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+# Mail. Staff are told when a run's cleanup gives up, and when it later completes
+# (cleanup.alerts), by mail to ADMINS ("Name <address>" items, comma-separated) through the
+# SMTP server below, and by a JSON POST to EVENT_ALERT_WEBHOOK_URL when it is set. A request
+# that fails is mailed to ADMINS too, but only when EMAIL_HOST is set in the environment:
+# unset, it is localhost for the alerts, and a failing request is only logged.
+ADMINS = [
+    (item.partition("<")[0].strip() or item.strip(), item.partition("<")[2].rstrip(">").strip() or item.strip())
+    for item in env_list("ADMINS", [])
+]
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)
 EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-SERVER_EMAIL = os.environ.get("SERVER_EMAIL", "root@localhost")
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+SERVER_EMAIL = os.environ.get("SERVER_EMAIL", "eventsite@localhost")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", SERVER_EMAIL)
-MAIL_CONFIGURED = bool(EMAIL_HOST and ADMINS)
+EMAIL_SUBJECT_PREFIX = os.environ.get("EMAIL_SUBJECT_PREFIX", "[eventsite] ")
+MAIL_CONFIGURED = bool(os.environ.get("EMAIL_HOST") and ADMINS)
 
 # A request that fails is logged with its traceback on standard error (where gunicorn and
 # systemd collect it), and mailed to ADMINS when mail is configured.
@@ -276,27 +292,16 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# The engine. Each value is also read from django.conf.settings where it is used, so
-# override_settings works, and is checked by the system checks in cleanup.checks.
-EVENT_REVERT_MAX_ATTEMPTS = env_int("EVENT_REVERT_MAX_ATTEMPTS", 3)
-EVENT_REVERT_BACKOFF_S = env_int("EVENT_REVERT_BACKOFF_S", 30)
-EVENT_CLEANUP_RUN_BATCH = env_int("EVENT_CLEANUP_RUN_BATCH", 10)
-EVENT_CLEANUP_GROUPS_PER_RUN = env_int("EVENT_CLEANUP_GROUPS_PER_RUN", 25)
-EVENT_DEFAULT_BUDGET_MS = env_int("EVENT_DEFAULT_BUDGET_MS", 10_000)
-EVENT_CLAIM_TIMEOUT_S = env_int("EVENT_CLAIM_TIMEOUT_S", 120)
-EVENT_STEP_MAX_ATTEMPTS = env_int("EVENT_STEP_MAX_ATTEMPTS", 3)
-EVENT_STEP_BACKOFF_S = env_int("EVENT_STEP_BACKOFF_S", 5)
-EVENT_RUN_BATCH = env_int("EVENT_RUN_BATCH", 10)
-EVENT_RECONCILE_LOOKBACK_S = env_int("EVENT_RECONCILE_LOOKBACK_S", 3600)
-EVENT_TICK_BUDGET_S = env_int("EVENT_TICK_BUDGET_S", 300)
-EVENT_CALL_CONCURRENCY = env_int("EVENT_CALL_CONCURRENCY", 8)
-EVENT_OUTAGE_AFTER = env_int("EVENT_OUTAGE_AFTER", 3)
-EVENT_OUTAGE_PROBE_S = env_int("EVENT_OUTAGE_PROBE_S", 15)
-EVENT_OUTAGE_GIVE_UP_S = env_int("EVENT_OUTAGE_GIVE_UP_S", 3600)
-EVENT_OUTAGE_SPREAD_S = env_int("EVENT_OUTAGE_SPREAD_S", 5)
-# What one run may hold (cleanup.validation): steps, and bytes of JSON params per step.
-EVENT_MAX_STEPS = env_int("EVENT_MAX_STEPS", 1000)
-EVENT_MAX_PARAMS_BYTES = env_int("EVENT_MAX_PARAMS_BYTES", 16 * 1024)
+# The engine (cleanup.conf): each of its settings, and each deprecated old name, is read
+# from the environment variable of that name when it is set. Unset, the Django setting stays
+# unset and the engine uses the default in cleanup.conf's table, where each is read at the
+# moment of use (so override_settings works) and checked by the system checks.
+_ENGINE_READERS = {engine_conf.INT: lambda name: env_int(name, None), engine_conf.URL: os.environ.get}
+for _entry in engine_conf.SETTINGS:
+    for _name in _entry.names:
+        _value = _ENGINE_READERS[_entry.kind](_name)
+        if _value is not None:
+            globals()[_name] = _value
 
 # django-q2: on Redis when REDIS_URL is set, so that several worker machines share one
 # queue; on the ORM broker (the database, nothing more to run) otherwise. A task is handed
@@ -334,26 +339,3 @@ Q_CLUSTER = {
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
 # Each request the sandbox module makes (connect, send and read, each).
 SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)
-
-# Alerts (cleanup.alerts): staff are told when a run's cleanup gives up, and when it later
-# completes, by mail to ADMINS ("Name <address>" items, comma-separated) through the SMTP
-# server below, and by a JSON POST to EVENT_ALERT_WEBHOOK_URL when it is set. Links in
-# them start with EVENT_SITE_URL (such as https://events.example.com).
-ADMINS = [
-    (item.partition("<")[0].strip() or item.strip(), item.partition("<")[2].rstrip(">").strip() or item.strip())
-    for item in env_list("ADMINS", [])
-]
-EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
-EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
-EMAIL_PORT = env_int("EMAIL_PORT", 25)
-EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
-EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
-SERVER_EMAIL = os.environ.get("SERVER_EMAIL", "eventsite@localhost")
-DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", SERVER_EMAIL)
-EMAIL_SUBJECT_PREFIX = os.environ.get("EMAIL_SUBJECT_PREFIX", "[eventsite] ")
-EVENT_ALERT_WEBHOOK_URL = os.environ.get("EVENT_ALERT_WEBHOOK_URL", "")
-EVENT_ALERT_WEBHOOK_TIMEOUT_S = env_int("EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3)
-EVENT_SITE_URL = os.environ.get("EVENT_SITE_URL", "")

@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from cleanup.bench import plain_sql
+from eventsite.bench import plain_sql
 
 pytestmark = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
@@ -102,8 +102,8 @@ def test_it_refuses_to_empty_the_configured_database(monkeypatch):
 
 @pytest.mark.django_db
 def test_a_finder_that_claims_is_timed_without_leaving_a_trace(monkeypatch):
-    from cleanup.bench import worker
     from cleanup.models import Resource
+    from eventsite.bench import worker
     from tests.fakes import make_rows, make_run, make_step
 
     rows = make_rows(make_step(make_run()), ["orc-1"], placeholder=False)
@@ -121,7 +121,7 @@ def test_a_finder_that_claims_is_timed_without_leaving_a_trace(monkeypatch):
 
 @pytest.mark.django_db
 def test_a_finder_that_only_reads_is_timed_as_the_sweep_calls_it(monkeypatch):
-    from cleanup.bench import worker
+    from eventsite.bench import worker
 
     calls = []
     monkeypatch.setattr(worker, "find_finder", lambda: ("tests.reader", lambda now, limit: calls.append(now) or []))

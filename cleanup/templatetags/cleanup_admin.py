@@ -8,7 +8,7 @@ register = template.Library()
 
 @register.inclusion_tag("admin/cleanup/attention.html", takes_context=True)
 def needs_attention(context):
-    from ..admin_lists import attention, filtered
+    from ..admin.lists import attention, filtered
 
     request = context["request"]
     counts = attention(request.user)

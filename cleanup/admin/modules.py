@@ -4,7 +4,8 @@ A module is marked down by the engine after answers that blame its backend, and 
 probe that finds it answering; a person can do either here (`cleanup.outages.mark_down`,
 `mark_up`), behind the `cleanup.cleanup_run` permission, and is recorded in the modules'
 log and in the admin's recent actions. Work waiting on a down module shows why on the
-ledger and run pages (`waiting_reasons` in `cleanup.admin`).
+ledger and run pages (`mark_waiting` in `cleanup.admin.lists`). May import the engine
+(outages), registry, validation, models and `.lists`; nothing imports it but the package.
 """
 
 from django import forms
@@ -13,15 +14,11 @@ from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from . import outages, registry, validation
-from .admin_lists import PersonActionsAdmin, ReadOnlyAdmin, when
-from .models import ModuleEvent, ModuleHealth, ModuleState
+from .. import outages, registry, validation
+from ..models import ModuleEvent, ModuleHealth, ModuleState
+from .lists import PersonActionsAdmin, ReadOnlyAdmin, actor, when
 
 ERROR_CHARS = 90
-
-
-def _actor(request):
-    return request.user.get_username()
 
 
 class MarkDownForm(forms.Form):
@@ -111,7 +108,7 @@ class ModuleHealthAdmin(PersonActionsAdmin):
             }
             return TemplateResponse(request, "admin/cleanup/modulehealth/mark_down.html", context)
         reason = form.cleaned_data["reason"]
-        changed = [h for h in modules if outages.mark_down(h.module, by=_actor(request), reason=reason)]
+        changed = [h for h in modules if outages.mark_down(h.module, by=actor(request), reason=reason)]
         for health in changed:
             self.log_change(request, health, f"Marked down: {reason}")
         self._report(request, changed, modules, "down")
@@ -120,7 +117,7 @@ class ModuleHealthAdmin(PersonActionsAdmin):
     @admin.action(permissions=["cleanup_run"], description="Mark up (its waiting work resumes)")
     def mark_up(self, request, queryset):
         modules = list(queryset.order_by("module"))
-        changed = [h for h in modules if outages.mark_up(h.module, by=_actor(request))]
+        changed = [h for h in modules if outages.mark_up(h.module, by=actor(request))]
         for health in changed:
             self.log_change(request, health, "Marked up")
         self._report(request, changed, modules, "up")

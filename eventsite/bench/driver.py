@@ -1,4 +1,4 @@
-"""The night's driver process: ``python -m cleanup.bench.driver``.
+"""The night's driver process: ``python -m eventsite.bench.driver``.
 
 It starts, performs and ends runs through the runner, as the API and the commands do,
 and reads what the cluster did from the database. DATABASE_URL names the scratch
@@ -44,7 +44,7 @@ def ping(timeout_s=60):
     from django_q.tasks import async_task, result
 
     sent = time.time()
-    started = result(async_task("cleanup.bench.driver.now", task_name="bench ping"), wait=int(timeout_s * 1000))
+    started = result(async_task("eventsite.bench.driver.now", task_name="bench ping"), wait=int(timeout_s * 1000))
     if started is None:
         return {"error": f"the cluster did not run a queued task within {timeout_s} s"}
     return {"ms": (started - sent) * 1000}

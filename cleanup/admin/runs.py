@@ -1,13 +1,10 @@
-"""The admin: what needs a person first, runs, the ledger and the log, read-only.
+"""The runs' pages: the list of runs, a run's page (timeline, rows, plan, steps, log), the steps, the run log.
 
-Nothing here edits a row: every change goes through an action, confirmed on a page of
-its own, which calls the engine and records who asked, in the run log and in the
-admin's recent actions. Lists never count, facet or DISTINCT a whole table: counts are
-capped, filters have fixed choices, and the queries behind "needs attention" read the
-partial indexes of unresolved rows only.
+A run changes only through its actions (clean up now, cancel), each confirmed on a page of
+its own. May import the engine (manual, runner, plan, sweep, timeline), models, conf and
+`.lists`; nothing imports it but the package, which Django's admin autodiscovery imports.
 """
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
@@ -18,40 +15,25 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import timeline
-from .admin_lists import (
-    KindFilter,
+from .. import timeline
+from ..conf import max_revert_attempts
+from ..manual import check_cleanup, request_cleanups
+from ..models import UNRESOLVED, Resource, ResourceState, Run, RunLog, RunStatus, Step
+from ..plan import WAITING, cleanup_plan
+from ..runner import RunStateError, cancel_run
+from ..sweep import CleanupRefused
+from .lists import (
     LogKindFilter,
-    ModuleFilter,
-    NeedsFilter,
     PersonActionsAdmin,
     ReadOnlyAdmin,
+    actor,
     attempt_text,
     filtered,
     mark_steps_waiting,
     mark_waiting,
-    next_attempt,
     run_link,
     when,
 )
-from .conf import max_revert_attempts
-from .manual import check_cleanup, request_cleanups, waive
-from .models import (
-    UNRESOLVED,
-    Alert,
-    Resource,
-    ResourceState,
-    Run,
-    RunLog,
-    RunStatus,
-    Step,
-)
-from .plan import WAITING, cleanup_plan
-from .runner import RunStateError, cancel_run
-from .sweep import CleanupRefused
-
-# Lists need the width more than a second menu of the models the index already lists.
-admin.site.enable_nav_sidebar = False
 
 # How much of a run its page shows; the rest is one link away, in the filtered lists.
 PAGE_ROWS = 50
@@ -59,13 +41,6 @@ PAGE_STEPS = 50
 PAGE_LOG = 50
 PLAN_ROWS = 200
 ERROR_CHARS = 70
-
-
-def _actor(request):
-    return request.user.get_username()
-
-
-# -- runs ---------------------------------------------------------------------------------
 
 
 @admin.register(Run)
@@ -188,7 +163,7 @@ class RunAdmin(PersonActionsAdmin):
         runs = list(queryset.order_by("id"))
         if "apply" not in request.POST:
             return self.confirm(request, runs, "clean_up", "Clean up now", self.cleanup_preview(runs))
-        accepted, refused = request_cleanups(runs, _actor(request))
+        accepted, refused = request_cleanups(runs, actor(request))
         for text in refused:
             self.message_user(request, text, messages.WARNING)
         for run, reset in accepted:
@@ -256,7 +231,7 @@ class RunAdmin(PersonActionsAdmin):
         done = 0
         for run in runs:
             try:
-                cancel_run(run.pk, cleanup=cleanup, actor=_actor(request))
+                cancel_run(run.pk, cleanup=cleanup, actor=actor(request))
             except (RunStateError, Run.DoesNotExist) as exc:
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
@@ -279,191 +254,6 @@ class RunAdmin(PersonActionsAdmin):
             **extra,
         }
         return TemplateResponse(request, "admin/cleanup/run/confirm_action.html", context)
-
-
-# -- the ledger ---------------------------------------------------------------------------
-
-
-class WaiveForm(forms.Form):
-    reason = forms.CharField(
-        max_length=500, widget=forms.Textarea(attrs={"rows": 3}), help_text="Why these rows need not be given back."
-    )
-
-    def clean_reason(self):
-        reason = self.cleaned_data["reason"]
-        if "\x00" in reason:
-            raise forms.ValidationError("A reason may not contain a NUL character.")
-        return reason
-
-
-@admin.register(Resource)
-class ResourceAdmin(PersonActionsAdmin):
-    list_display = ["ref_short", "state", "attempt", "error", "run_name"]
-    list_display_links = ["ref_short"]
-    list_filter = [NeedsFilter, "state", ModuleFilter, KindFilter, "run__cleanup_status"]
-    search_fields = ["ref"]
-    list_select_related = ["run"]
-    ordering = ["-id"]
-    actions = ["waive_rows"]
-    fieldsets = [
-        (
-            None,
-            {
-                "fields": [
-                    "run_name",
-                    "step",
-                    "module",
-                    "kind",
-                    "ref",
-                    "member_key",
-                    "state",
-                    "attempt",
-                    "next_try",
-                    "last_error_whole",
-                ]
-            },
-        ),
-        ("Waiver", {"fields": ["waived_reason", "waived_by", "waived_when"]}),
-        ("Attempts, newest first", {"fields": ["attempt_history"]}),
-        ("Record", {"fields": ["payload", "created", "updated", "resolved", "resurrected_from"]}),
-    ]
-    readonly_fields = [
-        "run_name",
-        "step",
-        "module",
-        "kind",
-        "ref",
-        "member_key",
-        "state",
-        "attempt",
-        "next_try",
-        "last_error_whole",
-        "waived_reason",
-        "waived_by",
-        "waived_when",
-        "attempt_history",
-        "payload",
-        "created",
-        "updated",
-        "resolved",
-        "resurrected_from",
-    ]
-
-    def get_fieldsets(self, request, obj=None):
-        if obj is not None and obj.state != ResourceState.WAIVED:
-            return [f for f in self.fieldsets if f[0] != "Waiver"]
-        return self.fieldsets
-
-    @admin.display(description="ref", ordering="ref")
-    def ref_short(self, obj):
-        return truncatechars(obj.ref, 32)
-
-    @admin.display(description="attempts")
-    def attempt(self, obj):
-        text = attempt_text(obj, max_revert_attempts(), timezone.now())
-        waiting = getattr(obj, "waiting", None)
-        return format_html('{}; <strong class="waiting">{}</strong>', text, waiting) if waiting else text
-
-    def get_changelist_instance(self, request):
-        changelist = super().get_changelist_instance(request)
-        mark_waiting(changelist.result_list, max_revert_attempts())
-        return changelist
-
-    def get_object(self, request, object_id, from_field=None):
-        row = super().get_object(request, object_id, from_field)
-        if row is not None:
-            mark_waiting([row], max_revert_attempts())
-        return row
-
-    @admin.display(description="last error")
-    def error(self, obj):
-        if not obj.last_error:
-            return "-"
-        return format_html('<span title="{}">{}</span>', obj.last_error, truncatechars(obj.last_error, ERROR_CHARS))
-
-    @admin.display(description="last error")
-    def last_error_whole(self, obj):
-        if not obj.last_error:
-            return "-"
-        return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>', obj.last_error)
-
-    @admin.display(description="run", ordering="run_id")
-    def run_name(self, obj):
-        return run_link(obj.run_id, obj.run.name)
-
-    @admin.display(description="next attempt")
-    def next_try(self, obj):
-        if getattr(obj, "waiting", None):
-            return obj.waiting
-        at = next_attempt(obj, max_revert_attempts())
-        if at is None:
-            return "none: " + attempt_text(obj, max_revert_attempts(), timezone.now())
-        return when(at) if at > timezone.now() else "at the next pass"
-
-    @admin.display(description="waived at")
-    def waived_when(self, obj):
-        return when(obj.waived_at)
-
-    @admin.display(description="created")
-    def created(self, obj):
-        return when(obj.created_at)
-
-    @admin.display(description="updated")
-    def updated(self, obj):
-        return when(obj.updated_at)
-
-    @admin.display(description="resolved")
-    def resolved(self, obj):
-        return when(obj.resolved_at)
-
-    @admin.display(description="every attempt")
-    def attempt_history(self, obj):
-        return history_table(obj)
-
-    @admin.action(permissions=["cleanup_run"], description="Waive: resolve by hand, nothing is given back")
-    def waive_rows(self, request, queryset):
-        """Asks for the reason first (an intermediate page), then waives."""
-        form = WaiveForm(request.POST if "apply" in request.POST else None)
-        rows = list(queryset.select_related("run")[:1000])
-        if form.is_valid():
-            count = waive(rows, form.cleaned_data["reason"], _actor(request))
-            for run_id, name in sorted({(r.run_id, r.run.name) for r in rows}):
-                self.log_change(request, Run(pk=run_id, name=name), f"Waived rows: {form.cleaned_data['reason']}")
-            self.message_user(request, f"Waived {count} row(s).", messages.SUCCESS)
-            return None
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "rows": rows,
-            "form": form,
-            "title": "Waive ledger rows",
-        }
-        return TemplateResponse(request, "admin/cleanup/resource/waive.html", context)
-
-
-HISTORY_CAP = 200
-
-
-def history_table(row):
-    """Every attempt on the row, newest first, read by row (an index on the attempt table)."""
-    attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
-    if not attempts:
-        return "no attempt yet"
-    body = format_html(
-        "".join(
-            [
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre style='white-space:pre-wrap;margin:0'>{}</pre></td>"
-                "<td>{}</td></tr>"
-            ]
-            * len(attempts)
-        ),
-        *[v for a in attempts for v in (a.number, when(a.at), a.outcome, a.error or "-", a.by or "-")],
-    )
-    return format_html(
-        '<table class="attempt-history"><thead><tr><th>#</th><th>at</th><th>outcome</th><th>error</th>'
-        "<th>by</th></tr></thead><tbody>{}</tbody></table>",
-        body,
-    )
 
 
 # -- steps and the log ----------------------------------------------------------------------
@@ -526,43 +316,3 @@ class RunLogAdmin(ReadOnlyAdmin):
     @admin.display(description="detail")
     def detail_short(self, obj):
         return truncatechars(str(obj.detail), 120)
-
-
-@admin.register(Alert)
-class AlertAdmin(ReadOnlyAdmin):
-    """The alerts outbox: what staff were told, by which channel, and what a failed send said."""
-
-    list_display = ["created", "run_name", "event", "channel", "sent", "attempts", "last_error"]
-    list_filter = ["event", "channel"]
-    list_select_related = ["run"]
-    ordering = ["-id"]
-    fields = [
-        "run_name",
-        "module",
-        "event",
-        "channel",
-        "created",
-        "sent",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "payload",
-    ]
-    readonly_fields = fields
-
-    @admin.display(description="created")
-    def created(self, obj):
-        return when(obj.created_at)
-
-    @admin.display(description="sent")
-    def sent(self, obj):
-        return when(obj.sent_at) if obj.sent_at else "not yet"
-
-    @admin.display(description="about")
-    def run_name(self, obj):
-        if obj.run_id is None:
-            return f"module {obj.module}"
-        return run_link(obj.run_id, obj.run.name)
-
-
-from . import admin_modules  # noqa: E402, F401  (registers the module pages)

@@ -5,7 +5,9 @@ straight to the ORM: a NUL reaches PostgreSQL, which refuses it, and a selected 
 is not an id fails in the lookup. `AdminInputGuard` checks both before the view runs, for
 every model admin of the site (ours, django-q2's, auth's), and sends the person back
 with a message saying what was wrong. Add it to ``MIDDLEWARE`` after the message
-middleware.
+middleware, as ``cleanup.admin.guards.AdminInputGuard``.
+
+May import validation only; nothing imports it but the ``MIDDLEWARE`` setting.
 """
 
 from django.contrib import messages
@@ -13,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.http import HttpResponseRedirect
 
-from . import validation
+from .. import validation
 
 SELECTED = "_selected_action"  # django.contrib.admin.helpers.ACTION_CHECKBOX_NAME
 

@@ -2,7 +2,7 @@
 
 On its scratch database (`scratch`) it starts a sandbox shard on a free port, ``manage.py qcluster``
 as deployed (the ORM broker, or Redis when REDIS_URL is set) and a driver process
-(`cleanup.bench.driver`) that starts, performs and ends runs through the runner. Runs
+(`eventsite.bench.driver`) that starts, performs and ends runs through the runner. Runs
 spawn their creatures with the shard answering at once; then the shard answers every
 call after ``latency_ms`` and the runs are cancelled. It measures:
 
@@ -82,7 +82,7 @@ class Night:
             SECRET_KEY=os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24),
             Q_NAME=f"eventsite-bench-{os.getpid()}",
         )
-        self.driver = self.child(LineChild("the driver process", [sys.executable, "-m", "cleanup.bench.driver"], env))
+        self.driver = self.child(LineChild("the driver process", [sys.executable, "-m", "eventsite.bench.driver"], env))
         self.driver.ask(do="migrate")
         self.driver.ask(do="wipe")
         self.cluster = self.child(Cluster(env))

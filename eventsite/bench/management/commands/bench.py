@@ -1,9 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from cleanup.bench import measure, night
-from cleanup.bench.progress import Progress
-from cleanup.bench.report import json_line, night_table, table
-from cleanup.bench.scratch import BenchError
+from eventsite.bench import measure, night
+from eventsite.bench.progress import Progress
+from eventsite.bench.report import json_line, night_table, table
+from eventsite.bench.scratch import BenchError
 
 
 def positive(value):

@@ -44,10 +44,10 @@ class Options:
 
 
 class Worker(LineChild):
-    """A sweeper process (`cleanup.bench.worker`) that answers one JSON line per command."""
+    """A sweeper process (`eventsite.bench.worker`) that answers one JSON line per command."""
 
     def __init__(self, url, latency_ms):
-        argv = [sys.executable, "-m", "cleanup.bench.worker", "--latency-ms", str(latency_ms)]
+        argv = [sys.executable, "-m", "eventsite.bench.worker", "--latency-ms", str(latency_ms)]
         super().__init__("the sweeper process", argv, child_env(url))
 
     def close(self):

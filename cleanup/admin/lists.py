@@ -4,6 +4,9 @@
 partial indexes of unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
 keep each list bounded: counts are capped, filter choices are fixed or read from the
 registry and the unresolved rows, and no page can save a row.
+
+May import models, conf, registry and outages, never another module of the admin; the
+admin's pages and the template tags import it.
 """
 
 from django.contrib import admin
@@ -16,8 +19,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from .conf import max_revert_attempts
-from .models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
+from ..conf import max_revert_attempts
+from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
+
+
+def actor(request):
+    """Who asked, as the engine records it (the run log, the modules' log)."""
+    return request.user.get_username()
 
 
 def when(dt):
@@ -145,7 +153,7 @@ class ModuleFilter(RegistryFilter):
     title = parameter_name = field = "module"
 
     def registered(self):
-        from . import registry
+        from .. import registry
 
         return registry.modules()
 
@@ -270,7 +278,7 @@ def mark_waiting(rows, max_attempts):
 
     One query for the whole page (`cleanup.outages.waiting_reasons`), not one per row.
     """
-    from . import outages
+    from .. import outages
 
     rows = list(rows)
     reasons = outages.waiting_reasons({r.module for r in rows}) if rows else {}
@@ -281,7 +289,7 @@ def mark_waiting(rows, max_attempts):
 
 def mark_steps_waiting(steps):
     """Set ``step.waiting`` on the steps not yet done whose module is down; one query for them all."""
-    from . import outages, registry
+    from .. import outages, registry
 
     open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
     modules = {s: step_module(s, registry) for s in open_steps}

@@ -1,0 +1,21 @@
+"""The admin: what needs a person first, runs, the ledger, the modules and the log, read-only.
+
+Nothing here edits a row: every change goes through an action, confirmed on a page of
+its own, which calls the engine and records who asked, in the run log and in the
+admin's recent actions. Lists never count, facet or DISTINCT a whole table: counts are
+capped, filters have fixed choices, and the queries behind "needs attention" read the
+partial indexes of unresolved rows only.
+
+One module per surface: `runs` (a run's page, its actions, its steps and log),
+`resources` (the ledger), `modules` (module health and the modules' log), `alerts` (the
+outbox); `lists` holds what they share and `guards` the middleware that keeps malformed
+input from them. Importing the package registers every page; nothing imports it but
+Django's admin autodiscovery, the template tags (`lists`) and the settings (`guards`).
+"""
+
+from django.contrib import admin
+
+from . import alerts, modules, resources, runs  # noqa: F401  (each registers its pages)
+
+# Lists need the width more than a second menu of the models the index already lists.
+admin.site.enable_nav_sidebar = False
