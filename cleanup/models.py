@@ -251,17 +251,21 @@ class ResourceQuerySet(models.QuerySet):
         """Rows the automatic sweep may claim now.
 
         Retryable rows under the attempt ceiling whose backoff has passed, and rows
-        whose claim expired (a sweeper died holding them) that have attempts left. A
-        failed row that still carries a live claim is held by a call that outlived its
-        budget and is still running: it is not tried again until that call ends.
+        whose claim expired (a sweeper died holding them) that have attempts left; the
+        attempt of a dead claim whose call never started is not counted, as the claim
+        that takes it over gives it back. A failed row that still carries a live claim is
+        held by a call that outlived its budget and is still running: it is not tried
+        again until that call ends.
         """
         fresh = (
-            Q(state__in=CLAIMABLE, retryable=True)
+            Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
             & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
             & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
         )
-        abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
-        return self.filter(fresh | abandoned, revert_attempts__lt=max_attempts)
+        abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now) & (
+            Q(revert_attempts__lt=max_attempts) | Q(claim_called=False, revert_attempts__lte=max_attempts)
+        )
+        return self.filter(fresh | abandoned)
 
     def retryable(self, max_attempts):
         """Rows the automatic sweep will still try, now or after a backoff or a claim."""
@@ -340,6 +344,10 @@ class Resource(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set just before the module is called for the current claim: an attempt is spent by
+    # a call, not by a claim. A claim taken over from a sweeper that died before its call
+    # gives that attempt back (`cleanup.sweep.claims`).
+    claim_called = models.BooleanField(default=False, editable=False)
     # Rule 14: the row this one records again after a backend rolled back to a save.
     # One resurrection per row: two reconciles racing over the same restart cannot both
     # record it again.

@@ -67,7 +67,11 @@ def test_it_records_a_dead_claim_at_the_ceiling_as_expired():
     make_rows(make_step(run), ["orc-1"], placeholder=False)
     past = timezone.now() - timedelta(minutes=5)
     Resource.objects.filter(run=run).update(
-        state=ResourceState.REVERTING, revert_attempts=3, claim_expires_at=past, claim_token=None
+        state=ResourceState.REVERTING,
+        revert_attempts=3,
+        claim_expires_at=past,
+        claim_token=None,
+        claim_called=True,  # died in the call
     )
 
     with override_settings(EVENT_REVERT_MAX_ATTEMPTS=3):

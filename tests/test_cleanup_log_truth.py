@@ -41,8 +41,11 @@ def test_a_sweeper_whose_claim_was_taken_over_logs_no_pass_summary():
 def test_a_dead_claim_released_at_the_ceiling_is_logged():
     run = make_run(cleanup_status=CleanupStatus.PENDING)
     make_rows(make_step(run), ["orc-1"], placeholder=False)
-    Resource.objects.filter(run=run).update(
-        state=ResourceState.REVERTING, revert_attempts=2, claim_expires_at=timezone.now() - timedelta(seconds=1)
+    Resource.objects.filter(run=run).update(  # its sweeper died in the call
+        state=ResourceState.REVERTING,
+        revert_attempts=2,
+        claim_expires_at=timezone.now() - timedelta(seconds=1),
+        claim_called=True,
     )
 
     sweep()

@@ -119,7 +119,7 @@ def run_batch(
         # is worked.
         called.append(dispatch.call_lease(group, batch.token, deadline))
         _write(verdicts.write_now, batch.token, called[-1:], summaries, by)
-    rest = dispatch.call_groups(batch.others(), deadline, health)
+    rest = dispatch.call_groups(batch.others(), deadline, health, batch.token)
     _write(verdicts.write, batch, rest, by, summaries)
     called += rest
     dispatch.hold_overdue(batch.token, called)

@@ -170,8 +170,9 @@ def _claim_rows(run_ids, groups, token, now):
     """Claim the groups' rows that are still claimable; answers the rows taken.
 
     Each claim counts one attempt. Taking over an abandoned claim counts another and
-    keeps the one the dead sweeper spent, so a module that kills its caller cannot be
-    retried for ever.
+    keeps the one the dead sweeper spent if its call had started, so a module that kills
+    its caller cannot be retried for ever; a claim that died before its call gives its
+    attempt back.
     """
     steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
@@ -183,12 +184,14 @@ def _update_returning(where, where_params, token, expires, now):
     """The claim of the rows ``where`` selects, answering the rows it changed
     (UPDATE ... RETURNING: Django's ``update()`` answers a count only)."""
     meta = Resource._meta
-    prep = {name: meta.get_field(name) for name in ("state", "claim_token", "claim_expires_at", "updated_at")}
+    names = ("state", "claim_token", "claim_expires_at", "updated_at", "claim_called")
+    prep = {name: meta.get_field(name) for name in names}
     values = {
         "state": ResourceState.REVERTING.value,
         "claim_token": token,
         "claim_expires_at": expires,
         "updated_at": now,
+        "claim_called": False,
     }
     sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
     params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
@@ -206,12 +209,30 @@ def _update_returning(where, where_params, token, expires, now):
     )
     table = connection.ops.quote_name(meta.db_table)
     sql = (
-        f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + 1 WHERE {where} "
+        f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + {_SPENT} WHERE {where} "
         f"RETURNING {', '.join(connection.ops.quote_name(c) for c in columns)}"
     )
     fetched = statements.fetch_prepared(sql, [*params, *where_params])
     payload_field = meta.get_field("payload")
     return [Row(*values[:5], _json(payload_field, values[5]), *values[6:]) for values in fetched]
+
+
+# What a claim adds to a row's attempts: one, less the dead claim's own when it never
+# called (SET reads the row as it was).
+_SPENT = "CASE WHEN state = 'reverting' AND NOT claim_called THEN 0 ELSE 1 END"
+
+
+def mark_called(token, groups):
+    """Just before their calls: the groups' rows were called under this claim. One UPDATE
+    in autocommit, so that a sweeper killed in a call has spent its attempt."""
+    if not groups:
+        return 0
+    steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
+    alone = [g.key for g in groups if g.kind != "step"]
+    where, params = statements.called_rows(token, steps, alone)
+    return statements.execute_prepared(
+        f"UPDATE {statements.names()[0]} SET claim_called = %s WHERE {where}", [True, *params]
+    )
 
 
 def _json(field_, value):

@@ -31,6 +31,7 @@ from .. import calls, outages, registry
 from ..calls import Outcome, Verdict
 from ..conf import claim_timeout_s, setting
 from ..models import LEASE_KIND, STEP_KIND, Resource, ResourceState
+from .claims import mark_called
 from .leases import HANDED_DOWN, give_back_lease
 
 logger = logging.getLogger(__name__)
@@ -88,8 +89,11 @@ def call_lease(group, token, deadline=None):
     )
 
 
-def call_groups(groups, deadline=None, health=None):
-    """Make the revert calls of step groups and loose rows; answers one `Called` per group."""
+def call_groups(groups, deadline=None, health=None, token=None):
+    """Make the revert calls of step groups and loose rows; answers one `Called` per group.
+
+    ``token`` is the claim's: each group's rows are marked called just before its call.
+    """
     results, jobs = [], []
     for group in groups:
         prepared = _revert_job(group)
@@ -97,7 +101,7 @@ def call_groups(groups, deadline=None, health=None):
             results.append(prepared)
         else:
             jobs.append(prepared)
-    results.extend(_run_concurrently(jobs, deadline, health or outages.Snapshot()))
+    results.extend(_run_concurrently(jobs, deadline, health or outages.Snapshot(), token))
     return results
 
 
@@ -165,18 +169,25 @@ def module_limit(entry):
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
 
 
-def _run_concurrently(jobs, deadline, health):
-    """Start the jobs as limits allow, each under its budget; answers their `Called`s."""
+def _run_concurrently(jobs, deadline, health, token=None):
+    """Start the jobs as limits allow, each under its budget; answers their `Called`s.
+
+    The calls that can start together start as one wave, their rows marked called by one
+    statement first (`claims.mark_called`).
+    """
     flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline, health)
     pending = list(jobs)
     while pending or flight.calls:
         flight.land()
+        wave = []
         while pending and flight.has_room():
             job = next((j for j in pending if flight.module_has_room(j)), None)
             if job is None:
                 break
             pending.remove(job)
-            flight.start(job)
+            flight.reserve(job)
+            wave.append(job)
+        flight.start(wave, token)
         flight.wait()
     return flight.results
 
@@ -192,19 +203,33 @@ class _Flight:
         self.woken = threading.Event()
 
     def has_room(self):
-        return len(self.calls) < self.limit
+        return len(self.calls) + self.reserved < self.limit
 
     def module_has_room(self, job):
         return self.per_module[job.module, job.backend] < job.limit
 
-    def start(self, job):
-        if past(self.deadline):
-            self.results.append(Called(job.group, None, job.what))
-            return
-        future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
-        future.add_done_callback(lambda _f: self.woken.set())
-        self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
+    reserved = 0
+
+    def reserve(self, job):
+        """Count a job against the limits before it starts with its wave."""
+        self.reserved += 1
         self.per_module[job.module, job.backend] += 1
+
+    def start(self, wave, token):
+        self.reserved = 0
+        if not wave:
+            return
+        if past(self.deadline):
+            for job in wave:
+                self.per_module[job.module, job.backend] -= 1
+                self.results.append(Called(job.group, None, job.what))
+            return
+        if token is not None:
+            mark_called(token, [job.group for job in wave])
+        for job in wave:
+            future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
+            future.add_done_callback(lambda _f: self.woken.set())
+            self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
 
     def land(self):
         """Take in the calls that answered or ran out of budget (a call past its budget

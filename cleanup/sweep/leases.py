@@ -89,6 +89,8 @@ def _restore(run_id, row, token, lease, target):
         blamed.append(outages.blame(answer))
         return calls.classify_revert(answer, row.ref)
 
+    # The attempt is spent by the call: a sweeper that dies in it has used it up.
+    Resource.objects.held_by(token).filter(pk=row.pk).update(claim_called=True)
     verdict = restore(payload["applied"])
     if verdict.outcome == Outcome.DRIFTED:
         # Another open lease's value is in place: it holds the target (it leased it

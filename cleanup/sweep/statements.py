@@ -21,8 +21,9 @@ from ..models import LEASE_KIND, OWING, TERMINAL, UNRESOLVED, Resource, Resource
 _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-# A row whose claim expired again after an earlier attempt: its sweepers keep dying.
-SUSPECT = Q(state=ResourceState.REVERTING, revert_attempts__gte=2)
+# A row whose claim expired again after an earlier attempt, its module called: its
+# sweepers keep dying in the call.
+SUSPECT = Q(state=ResourceState.REVERTING, claim_called=True, revert_attempts__gte=2)
 
 
 def bind(params, now):
@@ -287,6 +288,20 @@ def claim_rows(run_ids, steps, alone, now, max_attempts):
     steps_sql, steps_params = in_pairs((f"{resource}.step_id", f"{resource}.backend"), steps)
     sql = f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
     return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
+
+
+def called_rows(token, steps, alone):
+    """The WHERE clause of the rows of a claim's groups (``steps``: ``(step id, backend)``
+    pairs, ``alone``: row ids), still held by ``token``."""
+    resource, _, _ = names()
+    ids_sql, ids_params = in_list(f"{resource}.id", alone)
+    steps_sql, steps_params = in_pairs((f"{resource}.step_id", f"{resource}.backend"), steps)
+    sql = (
+        f"{resource}.claim_token = %s AND {resource}.state = %s "
+        f"AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s)))"
+    )
+    token_param = Resource._meta.get_field("claim_token").get_db_prep_value(token, connection)
+    return sql, [token_param, ResourceState.REVERTING.value, *ids_params, *steps_params, LEASE_KIND]
 
 
 @functools.lru_cache(maxsize=16)

@@ -356,10 +356,15 @@ class _Changes:
 def release_spent_claims(now, by=""):
     """Claims of dead sweepers with no attempt left become failures a person can see, logged.
 
-    Answers how many rows were released.
+    Only claims whose call started: a sweeper that died before calling spent nothing, and
+    the claim that takes its rows over gives the attempt back. Answers how many rows
+    were released.
     """
     spent = Resource.objects.filter(
-        state=ResourceState.REVERTING, claim_expires_at__lt=now, revert_attempts__gte=max_revert_attempts()
+        state=ResourceState.REVERTING,
+        claim_expires_at__lt=now,
+        revert_attempts__gte=max_revert_attempts(),
+        claim_called=True,
     )
     run_ids = set(spent.values_list("run_id", flat=True))
     if not run_ids:
