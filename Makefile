@@ -38,7 +38,7 @@ demo: $(STAMP)
 
 # `manage.py bench` (the site's app eventsite/bench/): the sweep beside a plain-SQL sweep
 # and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
-# server in DATABASE_URL, else the local one; see README. Options through BENCH_ARGS,
+# server in DATABASE_URL, else the local one; see docs/benchmarks.md. Options through BENCH_ARGS,
 # e.g. BENCH_ARGS="--resources 1 --workers 2 --json"; BENCH_ARGS="--night": time to clean
 # through a real sandbox shard and django-q2 cluster.
 bench: $(STAMP)

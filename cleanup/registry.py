@@ -32,6 +32,8 @@ The shapes of these envelopes are spelled as types in `cleanup.envelopes` (``Per
 ``RevertAnswer``, ...), and the signatures below use them. They are for a module author's
 type checker only: the engine still trusts no answer at run time, and every answer is
 classified in `cleanup.calls` whatever its type says.
+May import: `enqueue` and `envelopes` only, so that a module importing it brings nothing of
+the engine with it.
 """
 
 import logging

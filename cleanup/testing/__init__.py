@@ -18,6 +18,8 @@ through the engine's own call and classification code, and the checks give back 
 they made. ``outage`` is a context manager factory during which the backend cannot be
 reached: `network_down` by default (it refuses every socket of this process), a test's
 own (the sandbox shard's fault injection), or None to skip those checks.
+May import: `registry`, `calls` and its own modules: the kit calls a module, never the
+engine's tables.
 """
 
 from collections.abc import Callable, Mapping

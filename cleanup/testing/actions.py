@@ -3,6 +3,7 @@
 The checks perform for real on the module's backend, under fresh idempotency keys, and
 give back everything they made before they answer (through the module's own ``revert``,
 then verified through its ``reconcile``).
+May import: `calls`, `registry` and the kit's own modules.
 """
 
 import uuid

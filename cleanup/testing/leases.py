@@ -2,6 +2,7 @@
 
 The checks change the target's value for real and put the value they found back before
 they answer; "someone else's value" is set through the lease's own ``apply``.
+May import: `calls`, `registry` and the kit's own modules.
 """
 
 import uuid

@@ -3,6 +3,7 @@
 It stands for "the backend is down" for any module that reaches its backend over the
 network from Python (HTTP, Redis, a game protocol). A backend reached through a C driver
 or in memory needs its own outage: pass the kit any context manager factory instead.
+May import: the standard library only.
 """
 
 import contextlib

@@ -1,4 +1,7 @@
-"""What the conformance kit found: one `Check` per rule, and the calls it made to get there."""
+"""What the conformance kit found: one `Check` per rule, and the calls it made to get there.
+
+May import: `calls`, `registry`.
+"""
 
 import time
 from dataclasses import dataclass, field
