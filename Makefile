@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench migrate clean
+.PHONY: install test lint format demo bench migrate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,12 +15,22 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The database: DATABASE_URL when set, else the local PostgreSQL when it answers, else
-# SQLite (the concurrency tests are then skipped, and pytest says so).
+# SQLite (the concurrency tests are then skipped, and pytest says so); TEST_DATABASE=sqlite
+# picks SQLite. pytest's options through PYTEST_ARGS, e.g. the quick loop without the
+# slow tests: PYTEST_ARGS="-m 'not slow'" make test
 test: $(STAMP)
 	@eval "$$($(PY) bin/test-database)" && $(PY) -m pytest $(PYTEST_ARGS)
 
+# What CI checks before the tests: lint, format and types (ruff and mypy pinned in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Sort the imports and format the code, as `make lint` wants them.
+format: $(STAMP)
+	$(VENV)/bin/ruff check --select I --fix .
+	$(VENV)/bin/ruff format .
 
 # Everything on 127.0.0.1, SQLite under var/; Ctrl-C stops it all. See bin/demo.
 demo: $(STAMP)
@@ -28,7 +38,7 @@ demo: $(STAMP)
 
 # `manage.py bench` (the site's app eventsite/bench/): the sweep beside a plain-SQL sweep
 # and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
-# server in DATABASE_URL, else the local one; see README. Options through BENCH_ARGS,
+# server in DATABASE_URL, else the local one; see docs/benchmarks.md. Options through BENCH_ARGS,
 # e.g. BENCH_ARGS="--resources 1 --workers 2 --json"; BENCH_ARGS="--night": time to clean
 # through a real sandbox shard and django-q2 cluster.
 bench: $(STAMP)

@@ -1,5 +1,6 @@
 """System checks (`manage.py check`) for the engine's settings and django-q2's configuration.
 Imports only `cleanup.conf`, whose table the setting checks iterate, and Django.
+May import: conf only.
 """
 
 from django.conf import settings

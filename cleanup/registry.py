@@ -27,17 +27,54 @@ Failure envelopes, for every call: ``{"ok": False, "error": "what went wrong",
 (terminal: left for a person). A lease restore, or a revert, that finds somebody else's
 value in place answers ``{"ok": False, "drifted": True, "current": value}``: the engine
 leaves it alone and shows it to a person.
+
+The shapes of these envelopes are spelled as types in `cleanup.envelopes` (``PerformAnswer``,
+``RevertAnswer``, ...), and the signatures below use them. They are for a module author's
+type checker only: the engine still trusts no answer at run time, and every answer is
+classified in `cleanup.calls` whatever its type says.
+May import: `enqueue` and `envelopes` only, so that a module importing it brings nothing of
+the engine with it.
 """
 
 import logging
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
 
 from .enqueue import queue_reconcile
+from .envelopes import (
+    ApplyAnswer,
+    HealthAnswer,
+    PerformAnswer,
+    ReadAnswer,
+    ReconcileAnswer,
+    RecordedResource,
+    RestoreAnswer,
+    RevertAnswer,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class RegistryError(ValueError):
     """A module tried to register something the registry cannot accept."""
+
+
+class Revert(Protocol):
+    """The signature of an action's ``revert``."""
+
+    def __call__(self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str) -> RevertAnswer: ...
+
+
+class Reconcile(Protocol):
+    """The signature of an action's ``reconcile``."""
+
+    def __call__(self, *, run_id: int, resources: list[RecordedResource]) -> ReconcileAnswer: ...
+
+
+class Health(Protocol):
+    """The signature of a module's ``health`` (on any of its actions or leases)."""
+
+    def __call__(self) -> HealthAnswer: ...
 
 
 class Action:
@@ -80,17 +117,22 @@ class Action:
 
     ``validate(params)`` (optional) raises ``ValueError`` with a message naming the bad
     field; it runs before a run is stored.
+
+    ``health()`` (optional, on any one action or lease of the module) answers ``{"ok":
+    True}`` when the backend answers; while the module is marked down the engine probes
+    it instead of letting one ordinary call through (see `cleanup.outages`).
     """
 
-    id = None
-    module = None
-    budget_ms = None
-    max_concurrency = None
-    revert = None
-    reconcile = None
-    validate = None
+    id: str | None = None
+    module: str | None = None
+    budget_ms: int | None = None
+    max_concurrency: int | None = None
+    revert: Revert | None = None
+    reconcile: Reconcile | None = None
+    validate: Callable[[dict[str, Any]], object] | None = None
+    health: Health | None = None
 
-    def perform(self, *, run_id, step_id, params, idempotency_key):
+    def perform(self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str) -> PerformAnswer:
         raise NotImplementedError
 
 
@@ -106,34 +148,39 @@ class Lease:
     and changes nothing.
 
     ``validate(value)`` (optional) raises ``ValueError`` with a message when the lease
-    cannot apply ``value``; ``core.lease`` calls it before a run is stored.
+    cannot apply ``value``; ``core.lease`` calls it before a run is stored. ``health()``
+    (optional) is as for an `Action`.
 
     The engine records the lease in the ledger (kind ``override``, ref
     ``"<lease id>#<target>"``, payload ``{"baseline", "applied"}``) before it calls
     ``apply``; several runs may lease one target at once, and the engine stacks them.
     """
 
-    id = None
-    module = None
-    budget_ms = None
-    max_concurrency = None
-    validate = None
+    id: str | None = None
+    module: str | None = None
+    budget_ms: int | None = None
+    max_concurrency: int | None = None
+    validate: Callable[[Any], object] | None = None
+    health: Health | None = None
 
-    def read(self, *, target):
+    def read(self, *, target: str) -> ReadAnswer:
         raise NotImplementedError
 
-    def apply(self, *, value, run_id, target):
+    def apply(self, *, value: Any, run_id: int, target: str) -> ApplyAnswer:
         raise NotImplementedError
 
-    def restore(self, *, baseline, expected, run_id, target):
+    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str) -> RestoreAnswer:
         raise NotImplementedError
 
 
-_actions = {}
-_leases = {}
+ActionT = TypeVar("ActionT", bound=Action)
+LeaseT = TypeVar("LeaseT", bound=Lease)
+
+_actions: dict[str, Action] = {}
+_leases: dict[str, Lease] = {}
 
 
-def _check_entry(entry, kind, required):
+def _check_entry(entry: Any, kind: str, required: tuple[str, ...]) -> None:
     for attr in ("id", "module"):
         value = getattr(entry, attr, None)
         if not isinstance(value, str) or not value.strip():
@@ -149,7 +196,7 @@ def _check_entry(entry, kind, required):
             raise RegistryError(f"{kind} {entry.id!r} has no callable `{name}`")
 
 
-def _register(table, entry, kind, required):
+def _register(table: dict[str, Any], entry: Any, kind: str, required: tuple[str, ...]) -> Any:
     _check_entry(entry, kind, required)
     current = table.get(entry.id)
     if current is not None and current is not entry:
@@ -158,55 +205,56 @@ def _register(table, entry, kind, required):
     return entry
 
 
-def register_action(action):
-    """Register an action (an `Action`, or any object with the same attributes)."""
-    return _register(_actions, action, "action", ("perform",))
+def register_action(action: ActionT) -> ActionT:
+    """Register an action (an `Action`, or any object with the same attributes); answers it."""
+    return cast(ActionT, _register(_actions, action, "action", ("perform",)))
 
 
-def register_lease(lease):
-    """Register a lease (a `Lease`, or any object with the same attributes)."""
-    return _register(_leases, lease, "lease", ("read", "apply", "restore"))
+def register_lease(lease: LeaseT) -> LeaseT:
+    """Register a lease (a `Lease`, or any object with the same attributes); answers it."""
+    return cast(LeaseT, _register(_leases, lease, "lease", ("read", "apply", "restore")))
 
 
-def unregister_module(name):
+def unregister_module(name: str) -> None:
     """Remove every action and lease of one module, as when it is uninstalled."""
     for table in (_actions, _leases):
         for key in [k for k, v in table.items() if v.module == name]:
             del table[key]
 
 
-def get_action(action_id):
+def get_action(action_id: str) -> Action | None:
     return _actions.get(action_id)
 
 
-def get_lease(lease_id):
+def get_lease(lease_id: str) -> Lease | None:
     return _leases.get(lease_id)
 
 
-def lease_ref(lease_id, target):
+def lease_ref(lease_id: str, target: str) -> str:
     return f"{lease_id}#{target}"
 
 
-def lease_for_ref(ref):
+def lease_for_ref(ref: object) -> tuple[Lease | None, str]:
     """The lease and target a ledger ref names, as ``(lease or None, target)``."""
     lease_id, _, target = str(ref).partition("#")
     return _leases.get(lease_id), target
 
 
-def actions():
+def actions() -> dict[str, Action]:
     return dict(_actions)
 
 
-def leases():
+def leases() -> dict[str, Lease]:
     return dict(_leases)
 
 
-def modules():
+def modules() -> list[str]:
     """The names of every registered module."""
-    return sorted({e.module for e in (*_actions.values(), *_leases.values())})
+    entries: tuple[Action | Lease, ...] = (*_actions.values(), *_leases.values())
+    return sorted({cast(str, e.module) for e in entries})
 
 
-def backend_restarted(name):
+def backend_restarted(name: str) -> None:
     """Tell the engine that a module's backend restarted (it saw a new boot id).
 
     Queues a reconcile of the module that also looks at what was given back recently

@@ -4,6 +4,18 @@ from django.conf import settings
 from cleanup import registry
 from tests.fakes import FakeAction, Scripted, despawner, spawner
 
+# A test that starts a sandbox shard process, through `tests.shard.shard_process` or a
+# fixture built on it, is marked `slow` here, so `-m 'not slow'` leaves it out. The other
+# slow tests carry the mark themselves.
+PROCESS_FIXTURES = frozenset({"shard_process"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` picks the tests by their marks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 def pytest_report_header(config):
     db = settings.DATABASES["default"]

@@ -155,7 +155,7 @@ def test_a_run_whose_cleanup_simply_completes_tells_nobody(settings):
     assert mail.outbox == [] and not Alert.objects.exists()
 
 
-@pytest.mark.parametrize("kind", ["dead", "slow"])
+@pytest.mark.parametrize("kind", ["dead", pytest.param("slow", marks=pytest.mark.slow)])
 def test_a_dead_or_slow_webhook_does_not_stop_the_sweep_and_is_tried_again_later(giving_up, receiver, settings, kind):
     run, _ = giving_up
     other = make_run(status=RunStatus.COMPLETED, name="second")

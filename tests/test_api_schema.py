@@ -106,6 +106,7 @@ def wsgi_keeps_the_test_connection():
         signal.connect(close_old_connections)
 
 
+@pytest.mark.slow
 def test_every_get_answers_without_5xx_and_as_the_schema_says(ledger, root_token, wsgi_keeps_the_test_connection):
     # The operations are walked here rather than with schemathesis' pytest plugin, whose
     # lazy fixture loader does not run under pytest 9.

@@ -168,3 +168,12 @@ def test_nothing_in_the_app_names_the_example_site():
         and "eventsite" in path.read_text(errors="replace")
     ]
     assert named == []
+
+
+def test_every_module_says_what_it_is_for_and_what_it_may_import():
+    silent = []
+    for name, path in sources().items():
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "may import" not in doc.lower():
+            silent.append(name)
+    assert silent == []

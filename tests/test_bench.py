@@ -15,10 +15,13 @@ from django.core.management import CommandError, call_command
 
 from eventsite.bench import plain_sql
 
-pytestmark = pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-    reason="the bench measures PostgreSQL",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+        reason="the bench measures PostgreSQL",
+    ),
+]
 
 
 def server_url(name):

@@ -15,10 +15,13 @@ from django.core.management import CommandError, call_command
 
 from tests.test_bench import server_url
 
-pytestmark = pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-    reason="the bench measures PostgreSQL",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+        reason="the bench measures PostgreSQL",
+    ),
+]
 
 
 @pytest.fixture

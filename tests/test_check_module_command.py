@@ -72,12 +72,14 @@ def test_it_prints_what_failed_and_exits_non_zero(shard_process, tmp_path):  # n
     assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 25 checks failed")
 
 
+@pytest.mark.slow
 def test_a_module_not_in_event_modules_is_not_installed(tmp_path):
     result = manage("check_module", "kit.spawn", tmp_path=tmp_path)
     assert result.returncode == 1
     assert "no module registers an action or a lease 'kit.spawn'" in result.stderr
 
 
+@pytest.mark.slow
 def test_event_modules_refuses_a_path_that_cannot_be_an_app(tmp_path):
     result = manage("check", tmp_path=tmp_path, modules="tests.kit_modules,my-game/module")
     assert result.returncode != 0

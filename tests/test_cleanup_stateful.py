@@ -143,6 +143,7 @@ class CleanupMachine(RuleBasedStateMachine):
             assert run.cleanup_status in expected, (run.pk, run.cleanup_status, list(rows.values("ref", "state")))
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 @override_settings(EVENT_REVERT_MAX_ATTEMPTS=MAX_ATTEMPTS, EVENT_REVERT_BACKOFF_S=30, EVENT_DEFAULT_BUDGET_MS=2000)
 def test_the_engine_keeps_its_invariants_whatever_happens():
@@ -236,6 +237,7 @@ class LeaseStackMachine(RuleBasedStateMachine):
             assert self.lease.values["camp"] == self.ORIGINAL, list(Resource.objects.values("id", "state", "payload"))
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 @override_settings(EVENT_REVERT_MAX_ATTEMPTS=100, EVENT_REVERT_BACKOFF_S=0)
 def test_stacked_leases_always_leave_the_original_value():

@@ -64,6 +64,7 @@ def test_reconcile_of_one_module_prints_its_summary():
     assert line == "reconciled test: asked 1, in force 0, orphaned 1, unanswered 0, resurrected 0"
 
 
+@pytest.mark.slow
 def test_commands_exit_non_zero_from_the_shell(tmp_path):
     import os
     import subprocess

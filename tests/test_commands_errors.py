@@ -44,17 +44,20 @@ def assert_one_line(code, stderr):
     return stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["tick"], ["qcluster"]])
 def test_it_reports_a_missing_secret_key_in_one_line(shell, command):
     stderr = assert_one_line(*shell(*command, DEBUG="0", SECRET_KEY=None))
     assert "SECRET_KEY is not set" in stderr
 
 
+@pytest.mark.slow
 def test_it_reports_an_unreadable_database_url_in_one_line(shell):
     stderr = assert_one_line(*shell("tick", DATABASE_URL="nosuch://x"))
     assert "DATABASE_URL" in stderr
 
 
+@pytest.mark.slow
 def test_it_refuses_a_huge_integer_from_the_shell_in_one_line(shell):
     code, stderr = shell("start_run", "--name", "raid", "--steps", "[" + "9" * 5000 + "]")
     assert code == 1 and "Traceback" not in stderr, stderr

@@ -19,6 +19,7 @@ from cleanup.sweep import sweep
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",

@@ -6,8 +6,11 @@ import socket
 import time
 
 import httpx
+import pytest
 
 from tests.demo import Demo
+
+pytestmark = pytest.mark.slow
 
 
 def pid_alive(pid):

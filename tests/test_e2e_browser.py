@@ -25,6 +25,7 @@ SHOTS = Path(os.environ.get("E2E_SCREENSHOTS", settings.BASE_DIR / "var" / "e2e-
 WIDTH = 1280
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run does)"),
     pytest.mark.timeout(400),
 ]

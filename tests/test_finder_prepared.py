@@ -79,6 +79,7 @@ def settings_of(env, tmp_path):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_database_transaction_pooler_turns_server_side_statements_off(tmp_path):
     assert settings_of({"DATABASE_TRANSACTION_POOLER": "1"}, tmp_path) is True
     assert settings_of({}, tmp_path) is False

@@ -30,6 +30,7 @@ WRITES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_every_post_answers_without_5xx_and_as_the_schema_says(ledger, root_token, wsgi_keeps_the_test_connection):  # noqa: F811
     # No module may reach a real shard from generated steps.

@@ -53,6 +53,7 @@ def site_environment(**extra):
     return {**env, "DJANGO_SETTINGS_MODULE": "eventsite.settings", **extra}
 
 
+@pytest.mark.slow
 def test_it_passes_check_deploy_with_the_documented_environment():
     env = site_environment(**documented_environment())
     result = subprocess.run(
@@ -67,6 +68,7 @@ def test_it_passes_check_deploy_with_the_documented_environment():
     assert "no issues" in result.stdout
 
 
+@pytest.mark.slow
 def test_check_deploy_warns_without_the_https_settings():
     env = site_environment(DEBUG="0", SECRET_KEY=documented_environment()["SECRET_KEY"], ALLOWED_HOSTS="x.example")
     result = subprocess.run(
@@ -219,6 +221,7 @@ def fail_a_request(**env):
     )
 
 
+@pytest.mark.slow
 def test_a_failing_request_is_logged_with_its_traceback_on_stderr_and_mailed_only_when_configured():
     result = fail_a_request()
     assert result.stdout.split("\n")[:2] == ["['StreamHandler']", "500"]
@@ -245,6 +248,7 @@ def database_url():
     return f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environment(tmp_path):
     cluster_ran_the_tick(ago_s=0)

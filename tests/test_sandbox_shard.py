@@ -17,6 +17,8 @@ from tests.shard import ROOT, start_shard
 
 shard_process = shard_helpers.shard_process  # a fixture: a fresh shard per test
 
+pytestmark = pytest.mark.slow  # every test talks to a shard process
+
 SPAWN = {"key": "run-1/step-1", "creature": "orc", "count": 3, "at": "north-gate"}
 
 

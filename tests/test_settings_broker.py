@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.conf import settings
+
+pytestmark = pytest.mark.slow  # each test imports the settings in a fresh process
 
 BROKER_OF = (
     "import json, django; django.setup(); from django.conf import settings as s;"

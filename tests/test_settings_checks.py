@@ -68,12 +68,14 @@ def settings_import(env):
     )
 
 
+@pytest.mark.slow
 def test_it_refuses_to_start_without_a_secret_key_when_debug_is_off():
     result = settings_import({"DEBUG": "0"})
     assert result.returncode != 0
     assert "SECRET_KEY is not set" in result.stderr
 
 
+@pytest.mark.slow
 def test_it_names_an_unreadable_environment_variable(tmp_path):
     result = settings_import({"DEBUG": "1", "EVENT_REVERT_MAX_ATTEMPTS": "three"})
     assert "EVENT_REVERT_MAX_ATTEMPTS='three' is not a whole number" in result.stderr
@@ -81,6 +83,7 @@ def test_it_names_an_unreadable_environment_variable(tmp_path):
     assert "DEBUG='maybe' is not a boolean" in result.stderr
 
 
+@pytest.mark.slow
 def test_it_defaults_to_sqlite_and_reads_database_url(tmp_path):
     result = settings_import({"DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path)})
     assert result.stdout.strip() == "django.db.backends.sqlite3"

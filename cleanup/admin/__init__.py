@@ -11,6 +11,8 @@ One module per surface: `runs` (a run's page, its actions, its steps and log),
 outbox); `lists` holds what they share and `guards` the middleware that keeps malformed
 input from them. Importing the package registers every page; nothing imports it but
 Django's admin autodiscovery, the template tags (`lists`) and the settings (`guards`).
+May import: the engine's entry points (`manual`, `runner`, `plan`, `outages`, `sweep`), the
+models, conf, `validation`, `timeline`; nothing of the engine imports it.
 """
 
 from django.contrib import admin

@@ -9,6 +9,7 @@ Three places answer errors, and each is made to speak JSON here:
   large to read at all, and anything else that would answer HTML;
 - `cleanup.api.parsers.BoundedJSONParser`, which reads at most the allowed body and
   refuses, naming the field, JSON that PostgreSQL could not store.
+May import: Django and DRF only.
 """
 
 from django.conf import settings

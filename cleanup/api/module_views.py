@@ -2,6 +2,7 @@
 
 Each view is a few lines over `cleanup.outages`. Marking answers the module's new state,
 or 409 when it already is in the state asked for (nothing changes, nothing is logged).
+May import: `outages`, `registry`, the models and the API's own modules.
 """
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema

@@ -1,4 +1,7 @@
-"""The one parser of the API: bounded JSON whose every value can be stored."""
+"""The one parser of the API: bounded JSON whose every value can be stored.
+
+May import: `validation` and the API's errors.
+"""
 
 import codecs
 

@@ -1,4 +1,7 @@
-"""Staff only, then the model permissions each view names for each method."""
+"""Staff only, then the model permissions each view names for each method.
+
+May import: DRF only.
+"""
 
 from rest_framework.permissions import BasePermission
 

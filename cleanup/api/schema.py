@@ -1,4 +1,7 @@
-"""Schema post-processing: what the API refuses, the schema says it refuses."""
+"""Schema post-processing: what the API refuses, the schema says it refuses.
+
+May import: drf-spectacular only.
+"""
 
 
 def refuse_unknown_fields(result, generator, request, public):

@@ -1,4 +1,7 @@
-"""What the API reads and writes: small input serializers, and the engine's objects out."""
+"""What the API reads and writes: small input serializers, and the engine's objects out.
+
+May import: the models, conf, `outages`, `validation`.
+"""
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers

@@ -1,4 +1,7 @@
-"""The events API, included by the site under ``/api/events/``."""
+"""The events API, included by the site under ``/api/events/``.
+
+May import: the API's views.
+"""
 
 from django.urls import path
 

@@ -1,4 +1,7 @@
-"""One view per endpoint, each a few lines over the engine (see `cleanup.api`)."""
+"""One view per endpoint, each a few lines over the engine (see `cleanup.api`).
+
+May import: the engine's entry points, the models, `tasks` for queueing, the API's own modules.
+"""
 
 from django.db.models import Count, Q
 from django.http import JsonResponse

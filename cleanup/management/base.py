@@ -13,6 +13,7 @@ line (``--traceback`` shows where it came from). A missing setting, such as
         def add_arguments(self, parser):
             parser.add_argument("run_id", type=object_id)
             parser.add_argument("--params", type=json_value)
+May import: `validation` only.
 """
 
 import argparse

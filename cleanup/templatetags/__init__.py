@@ -1,0 +1,4 @@
+"""Template tags of the admin.
+
+May import: nothing.
+"""

@@ -1,4 +1,7 @@
-"""Template tags of the cleanup admin: the "needs attention" block of the admin index."""
+"""Template tags of the cleanup admin: the "needs attention" block of the admin index.
+
+May import: `cleanup.admin.lists` (the counts it shows).
+"""
 
 from django import template
 from django.urls import reverse

@@ -18,16 +18,23 @@ through the engine's own call and classification code, and the checks give back 
 they made. ``outage`` is a context manager factory during which the backend cannot be
 reached: `network_down` by default (it refuses every socket of this process), a test's
 own (the sandbox shard's fault injection), or None to skip those checks.
+May import: `registry`, `calls` and its own modules: the kit calls a module, never the
+engine's tables.
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
 from .. import registry
+from ..registry import Action, Lease
 from .actions import run_action_checks
 from .leases import run_lease_checks
-from .outage import network_down
+from .outage import Outage, network_down
 from .report import Check, Report
 
 __all__ = [
     "Check",
+    "Outage",
     "Report",
     "check_action",
     "check_lease",
@@ -37,7 +44,10 @@ __all__ = [
 ]
 
 
-def _entry(entry, lookup, kind):
+_Entry = TypeVar("_Entry", Action, Lease)
+
+
+def _entry(entry: _Entry | str, lookup: Callable[[str], _Entry | None], kind: str) -> _Entry:
     if isinstance(entry, str):
         found = lookup(entry)
         if found is None:
@@ -46,12 +56,14 @@ def _entry(entry, lookup, kind):
     return entry
 
 
-def check_action(action, params, outage=network_down):
+def check_action(action: Action | str, params: Mapping[str, Any], outage: Outage | None = network_down) -> Report:
     """Run every check of an action (an id or the object); raise if any failed."""
     return run_action_checks(_entry(action, registry.get_action, "action"), params, outage=outage).assert_ok()
 
 
-def check_lease(lease, target, value, other=None, outage=network_down):
+def check_lease(
+    lease: Lease | str, target: str, value: Any, other: Any = None, outage: Outage | None = network_down
+) -> Report:
     """Run every check of a lease (an id or the object) on ``target``; raise if any failed."""
     entry = _entry(lease, registry.get_lease, "lease")
     return run_lease_checks(entry, target, value, other=other, outage=outage).assert_ok()

@@ -3,13 +3,17 @@
 The checks perform for real on the module's backend, under fresh idempotency keys, and
 give back everything they made before they answer (through the module's own ``revert``,
 then verified through its ``reconcile``).
+May import: `calls`, `registry` and the kit's own modules.
 """
 
 import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import calls
-from ..calls import Outcome
-from .outage import network_down
+from ..calls import Answer, Outcome, Performed, Verdict
+from ..registry import Action
+from .outage import Outage, network_down
 from .report import Caller, Report, describe
 
 # The run and step ids the kit performs under: no such run exists in any ledger.
@@ -17,11 +21,11 @@ RUN_ID = 0
 STEP_ID = 0
 
 
-def new_key():
+def new_key() -> str:
     return f"kit-{uuid.uuid4().hex}"
 
 
-def wrong_value(value):
+def wrong_value(value: object) -> object:
     """A value of another JSON type than ``value``, to see whether validate notices."""
     if isinstance(value, bool):
         return "not-a-boolean"
@@ -37,18 +41,18 @@ def wrong_value(value):
 
 
 class ActionChecks:
-    def __init__(self, action, params, outage):
+    def __init__(self, action: Action, params: dict[str, Any], outage: Outage | None) -> None:
         self.action = action
         self.params = params
         self.outage = outage
         self.report = Report(f"action {action.id}")
         self.call = Caller(action)
-        self.keys = []  # every key performed under, given back at the end
-        self.made = {}  # key -> {ref: resource}, everything any perform reported
-        self.asked_failed = []  # `failed` refs a revert named that it was not asked about
+        self.keys: list[str] = []  # every key performed under, given back at the end
+        self.made: dict[str, dict[str, Any]] = {}  # key -> {ref: resource}, everything any perform reported
+        self.asked_failed: list[str] = []  # `failed` refs a revert named that it was not asked about
 
     # -- calls -----------------------------------------------------------------------
-    def perform(self, params, key=None):
+    def perform(self, params: dict[str, Any], key: str | None = None) -> tuple[str, Answer, Performed]:
         key = key or new_key()
         if key not in self.keys:
             self.keys.append(key)
@@ -58,7 +62,7 @@ class ActionChecks:
             self.made.setdefault(key, {}).setdefault(item["ref"], item)
         return key, answer, performed
 
-    def revert(self, resources, key):
+    def revert(self, resources: Sequence[Any], key: str) -> tuple[Answer, Verdict]:
         answer = self.call("revert", run_id=RUN_ID, resources=list(resources), idempotency_key=key)
         refs = [r.get("ref") for r in resources if isinstance(r, dict)]
         raw = answer.raw
@@ -66,18 +70,18 @@ class ActionChecks:
             self.asked_failed += [r for r in raw["failed"] if r not in refs]
         return answer, calls.classify_revert(answer, f"{self.action.id}.revert", refs=refs)
 
-    def in_force(self, resources):
+    def in_force(self, resources: Sequence[Any]) -> Any:
         """The refs in force among ``resources`` (a frozenset), or the failed `Reply`."""
         if not self.has("reconcile"):
             return None
         answer = self.call("reconcile", run_id=RUN_ID, resources=list(resources))
         return calls.classify_reconcile(answer, f"{self.action.id}.reconcile")
 
-    def has(self, name):
+    def has(self, name: str) -> bool:
         return callable(getattr(self.action, name, None))
 
     # -- the checks ----------------------------------------------------------------------
-    def run(self):
+    def run(self) -> Report:
         report = self.report
         report.check("is registered with a module name", bool(self.action.module), "a module name", "none")
         try:
@@ -92,7 +96,7 @@ class ActionChecks:
                 )
             self.check_refusals()
             if self.outage is not None:
-                self.check_outage()
+                self.check_outage(self.outage)
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
         finally:
@@ -100,7 +104,7 @@ class ActionChecks:
         self.call.report_on_calls(report)
         return report
 
-    def check_validate(self):
+    def check_validate(self) -> None:
         report, validate = self.report, getattr(self.action, "validate", None)
         if not callable(validate):
             report.skip("validate names the bad field", "the action has no validate(params)")
@@ -113,6 +117,7 @@ class ActionChecks:
         report.check("validate accepts the params given", accepted is None, "no exception", accepted)
         for name, value in self.params.items():
             bad = {**self.params, name: wrong_value(value)}
+            got: str | None
             try:
                 validate(bad)
                 got = f"validate accepted {name}={bad[name]!r}"
@@ -127,7 +132,7 @@ class ActionChecks:
                 got,
             )
 
-    def check_perform(self):
+    def check_perform(self) -> tuple[str, tuple[Any, ...]] | None:
         """Perform, then again with the same key; answers ``(key, resources)`` or None."""
         report = self.report
         key, answer, first = self.perform(dict(self.params))
@@ -157,7 +162,7 @@ class ActionChecks:
             )
         return key, first.resources
 
-    def check_revert(self, key, resources):
+    def check_revert(self, key: str, resources: Sequence[Any]) -> None:
         report = self.report
         resources = list(resources)
         half = resources[: max(1, len(resources) // 2)]
@@ -190,7 +195,7 @@ class ActionChecks:
         )
         self.check_gone("reconcile after a revert reports nothing in force", resources)
 
-    def check_revert_by_key(self):
+    def check_revert_by_key(self) -> None:
         report = self.report
         key, answer, performed = self.perform(dict(self.params))
         if not performed.ok:
@@ -208,7 +213,7 @@ class ActionChecks:
         if performed.resources:
             self.check_gone("revert of an empty list gives back what the key made", performed.resources)
 
-    def check_gone(self, name, resources):
+    def check_gone(self, name: str, resources: Sequence[Any]) -> None:
         if not self.has("reconcile"):
             self.report.skip(name, "the action has no reconcile(), so the kit cannot look")
             return
@@ -220,7 +225,7 @@ class ActionChecks:
             f"still in force: {sorted(reply.value)}" if reply.ok else reply.error,
         )
 
-    def check_refusals(self):
+    def check_refusals(self) -> None:
         """Bad input gets an envelope, and a perform with bad params a terminal one."""
         report = self.report
         if self.params:
@@ -249,11 +254,11 @@ class ActionChecks:
                 describe(answer),
             )
 
-    def check_outage(self):
+    def check_outage(self, outage: Outage) -> None:
         report = self.report
         known = [r for rows in self.made.values() for r in rows.values()][:1]
         known = known or [{"kind": "thing", "ref": "kit-unknown", "payload": {}, "member_key": ""}]
-        with self.outage():
+        with outage():
             _, answer, performed = self.perform(dict(self.params))
             revert_answer, verdict = self.revert(known, new_key()) if self.has("revert") else (None, None)
             reply = self.in_force(known)
@@ -263,7 +268,7 @@ class ActionChecks:
             '{"ok": False, "error": "...", "retry": True}',
             describe(answer),
         )
-        if verdict is not None:
+        if verdict is not None and revert_answer is not None:
             report.check(
                 "with the backend down, revert answers a failure to retry",
                 verdict.outcome == Outcome.RETRY,
@@ -278,7 +283,7 @@ class ActionChecks:
                 f"in_force {sorted(reply.value)}" if reply.ok else reply.error,
             )
 
-    def clean_up(self):
+    def clean_up(self) -> None:
         """Give back everything any check made, by key and by ref, and say what is left."""
         if not self.has("revert"):
             return
@@ -297,20 +302,20 @@ class ActionChecks:
             )
 
 
-def _done(verdict):
+def _done(verdict: Verdict) -> bool:
     return verdict.outcome == Outcome.DONE and not verdict.failed
 
 
-def _said(verdict):
+def _said(verdict: Verdict) -> str:
     if verdict.outcome == Outcome.DONE:
         return f"failed {sorted(verdict.failed)}"
     return f"{verdict.outcome}: {verdict.error}"
 
 
-def _refused(answer):
+def _refused(answer: Answer) -> bool:
     return isinstance(answer.raw, dict) and answer.raw.get("ok") is False
 
 
-def run_action_checks(action, params, outage=network_down):
+def run_action_checks(action: Action, params: Mapping[str, Any], outage: Outage | None = network_down) -> Report:
     """Every check of ``action`` with ``params``; answers a `Report`, never raises for a failure."""
     return ActionChecks(action, dict(params), outage).run()

@@ -2,20 +2,23 @@
 
 The checks change the target's value for real and put the value they found back before
 they answer; "someone else's value" is set through the lease's own ``apply``.
+May import: `calls`, `registry` and the kit's own modules.
 """
 
 import uuid
+from typing import Any
 
 from .. import calls
-from ..calls import Outcome
+from ..calls import Answer, Outcome, Reply, Verdict
+from ..registry import Lease
 from .actions import wrong_value
-from .outage import network_down
+from .outage import Outage, network_down
 from .report import Caller, Report, describe
 
 RUN_ID = 0
 
 
-def other_value(value, original):
+def other_value(value: Any, original: Any) -> Any:
     """A third value, neither ``value`` nor ``original``, as another person would set it."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         other = value + 1
@@ -26,7 +29,7 @@ def other_value(value, original):
 
 
 class LeaseChecks:
-    def __init__(self, lease, target, value, other, outage):
+    def __init__(self, lease: Lease, target: str, value: Any, other: Any, outage: Outage | None) -> None:
         self.lease = lease
         self.target = target
         self.value = value
@@ -34,21 +37,21 @@ class LeaseChecks:
         self.outage = outage
         self.report = Report(f"lease {lease.id} on {target!r}")
         self.call = Caller(lease)
-        self.original = None
+        self.original: Any = None
 
-    def read(self, target=None):
+    def read(self, target: str | None = None) -> tuple[Answer, Reply]:
         answer = self.call("read", target=self.target if target is None else target)
         return answer, calls.classify_reply(answer, f"{self.lease.id}.read", key="value")
 
-    def apply(self, value):
+    def apply(self, value: Any) -> tuple[Answer, Reply]:
         answer = self.call("apply", value=value, run_id=RUN_ID, target=self.target)
         return answer, calls.classify_reply(answer, f"{self.lease.id}.apply")
 
-    def restore(self, expected):
+    def restore(self, expected: Any) -> tuple[Answer, Verdict]:
         answer = self.call("restore", baseline=self.original, expected=expected, run_id=RUN_ID, target=self.target)
         return answer, calls.classify_revert(answer, f"{self.lease.id}.restore")
 
-    def run(self):
+    def run(self) -> Report:
         report = self.report
         report.check("is registered with a module name", bool(self.lease.module), "a module name", "none")
         self.check_validate()
@@ -72,7 +75,7 @@ class LeaseChecks:
             self.check_drift()
             self.check_missing_target()
             if self.outage is not None:
-                self.check_outage()
+                self.check_outage(self.outage)
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
         finally:
@@ -80,7 +83,7 @@ class LeaseChecks:
         self.call.report_on_calls(report)
         return report
 
-    def check_validate(self):
+    def check_validate(self) -> None:
         validate = getattr(self.lease, "validate", None)
         if not callable(validate):
             self.report.skip("validate accepts the value", "the lease has no validate(value)")
@@ -106,7 +109,7 @@ class LeaseChecks:
             got,
         )
 
-    def check_round_trip(self):
+    def check_round_trip(self) -> None:
         report = self.report
         answer, reply = self.apply(self.value)
         report.check("apply answers success", reply.ok, '{"ok": True}', reply.error or describe(answer))
@@ -139,7 +142,7 @@ class LeaseChecks:
             describe(answer),
         )
 
-    def check_drift(self):
+    def check_drift(self) -> None:
         report = self.report
         name = "restore with a value someone else set answers drifted with the current value"
         other = self.other if self.other is not None else other_value(self.value, self.original)
@@ -166,7 +169,7 @@ class LeaseChecks:
             repr(reply.value) if reply.ok else reply.error,
         )
 
-    def check_missing_target(self):
+    def check_missing_target(self) -> None:
         answer = self.call("read", target=f"kit-no-such-target-{uuid.uuid4().hex[:12]}")
         self.report.check(
             "read of a target that does not exist answers a value or a failure",
@@ -175,9 +178,9 @@ class LeaseChecks:
             describe(answer),
         )
 
-    def check_outage(self):
+    def check_outage(self, outage: Outage) -> None:
         report = self.report
-        with self.outage():
+        with outage():
             read_answer, read = self.read()
             apply_answer, applied = self.apply(self.value)
             restore_answer, verdict = self.restore(self.value)
@@ -200,7 +203,7 @@ class LeaseChecks:
             describe(restore_answer),
         )
 
-    def put_back(self):
+    def put_back(self) -> None:
         """Put the original value back over whatever the checks left in place."""
         _, reply = self.read()
         if reply.ok and reply.value != self.original:
@@ -214,6 +217,8 @@ class LeaseChecks:
         )
 
 
-def run_lease_checks(lease, target, value, other=None, outage=network_down):
+def run_lease_checks(
+    lease: Lease, target: str, value: Any, other: Any = None, outage: Outage | None = network_down
+) -> Report:
     """Every check of ``lease`` on ``target`` with ``value``; answers a `Report`."""
     return LeaseChecks(lease, target, value, other, outage).run()

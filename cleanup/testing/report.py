@@ -1,9 +1,16 @@
-"""What the conformance kit found: one `Check` per rule, and the calls it made to get there."""
+"""What the conformance kit found: one `Check` per rule, and the calls it made to get there.
+
+May import: `calls`, `registry`.
+"""
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Self, TypeVar
 
 from .. import calls
+from ..registry import Action, Lease
+
+_Passed = TypeVar("_Passed")
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
 
@@ -15,13 +22,13 @@ class Check:
     name: str
     status: str
     expected: str = ""
-    got: str = ""
+    got: object = ""  # what the module did instead, as a person reads it (a sentence, or a list)
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         return self.status == FAIL
 
-    def line(self):
+    def line(self) -> str:
         if self.status == OK:
             return f"ok   {self.name}"
         if self.status == SKIP:
@@ -34,27 +41,28 @@ class Report:
     """Every check of one action or lease, in the order they ran."""
 
     subject: str
-    checks: list = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
 
-    def check(self, name, passed, expected="", got=""):
+    def check(self, name: str, passed: _Passed, expected: str = "", got: object = "") -> _Passed:
+        """Record one check, passed when ``passed`` is true; answers ``passed``."""
         self.checks.append(Check(name, OK if passed else FAIL, expected, "" if passed else got))
         return passed
 
-    def skip(self, name, why):
+    def skip(self, name: str, why: str) -> None:
         self.checks.append(Check(name, SKIP, got=why))
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not self.failures
 
     @property
-    def failures(self):
+    def failures(self) -> list[Check]:
         return [c for c in self.checks if c.failed]
 
-    def lines(self):
+    def lines(self) -> list[str]:
         return [c.line() for c in self.checks]
 
-    def assert_ok(self):
+    def assert_ok(self) -> Self:
         """Raise ``AssertionError`` listing every failed check; answers the report otherwise."""
         if self.failures:
             listed = "\n".join(c.line() for c in self.failures)
@@ -62,7 +70,7 @@ class Report:
         return self
 
 
-def envelope_problem(raw):
+def envelope_problem(raw: object) -> str | None:
     """What is wrong with an answer as an envelope, or None for a well-formed one."""
     if not isinstance(raw, dict):
         return f"answered {'nothing' if raw is None else 'a ' + type(raw).__name__} instead of a dict"
@@ -88,14 +96,16 @@ class Caller:
     budget and the answers that are no envelope are reported at the end.
     """
 
-    def __init__(self, entry):
+    def __init__(self, entry: Action | Lease) -> None:
         self.entry = entry
-        self.budget_ms = calls.budget_of(entry)
+        self.budget_ms: int = calls.budget_of(entry)
         self.count = 0
         self.slowest_ms = 0
-        self.late, self.raised, self.malformed = [], [], []
+        self.late: list[str] = []
+        self.raised: list[str] = []
+        self.malformed: list[str] = []
 
-    def __call__(self, name, **kwargs):
+    def __call__(self, name: str, **kwargs: Any) -> calls.Answer:
         what = f"{self.entry.id}.{name}"
         started = time.monotonic()
         answer = calls.call(getattr(self.entry, name), budget_ms=self.budget_ms, what=what, **kwargs)
@@ -111,7 +121,7 @@ class Caller:
                 self.malformed.append(f"{what} {problem}")
         return answer
 
-    def report_on_calls(self, report):
+    def report_on_calls(self, report: Report) -> None:
         report.check(
             "every callable answers an envelope",
             not self.malformed,
@@ -127,7 +137,7 @@ class Caller:
         )
 
 
-def describe(answer):
+def describe(answer: calls.Answer) -> str:
     """An answer as a person reads it in a FAIL line."""
     if answer.exception:
         return answer.exception

@@ -18,9 +18,22 @@ This is the worked example of a module (see ``docs/modules.md``). What it shows:
 import functools
 import logging
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from cleanup import registry
+from cleanup.envelopes import (
+    ApplyAnswer,
+    Failure,
+    HealthAnswer,
+    PerformAnswer,
+    ReadAnswer,
+    ReconcileAnswer,
+    RecordedResource,
+    RestoreAnswer,
+    RevertAnswer,
+)
 
 from .client import ShardClient
 
@@ -35,12 +48,14 @@ SPAWN_PARAMS = ("creature", "count", "at")
 
 shard = ShardClient(MODULE)
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
-def never_raises(method):
+
+def never_raises(method: _Method) -> _Method:
     """A module callable's exception becomes a failure envelope (to retry) instead."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
@@ -51,14 +66,14 @@ def never_raises(method):
                 "retry": True,
             }
 
-    return wrapper
+    return cast(_Method, wrapper)
 
 
-def terminal(error):
+def terminal(error: str) -> Failure:
     return {"ok": False, "error": error, "retry": False}
 
 
-def malformed(what):
+def malformed(what: str) -> Failure:
     return {
         "ok": False,
         "error": f"the shard answered {what} in a shape it should not",
@@ -66,7 +81,7 @@ def malformed(what):
     }
 
 
-def _text(params, name):
+def _text(params: dict[str, Any], name: str) -> str:
     value = params.get(name)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{name} must be a non-empty string")
@@ -75,11 +90,11 @@ def _text(params, name):
     return value
 
 
-def _is_number(value):
+def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _refs_of(resources):
+def _refs_of(resources: object) -> list[str]:
     """The refs of the resources the engine handed over, each once, in order."""
     if not isinstance(resources, list | tuple):
         raise ValueError(f"resources must be a list, not {type(resources).__name__}")
@@ -92,11 +107,11 @@ def _refs_of(resources):
     return list(dict.fromkeys(refs))
 
 
-def _chunks(refs):
+def _chunks(refs: list[str]) -> list[list[str]]:
     return [refs[i : i + CHUNK] for i in range(0, len(refs), CHUNK)]
 
 
-def _str_list(value):
+def _str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
@@ -109,7 +124,7 @@ class SpawnAction(registry.Action):
     # at most a lookup and a despawn per chunk, well inside the budget.
     budget_ms = 10_000
 
-    def validate(self, params):
+    def validate(self, params: dict[str, Any]) -> None:
         if not isinstance(params, dict):
             raise ValueError("params must be an object with creature, count and at")
         unknown = sorted(set(params) - set(SPAWN_PARAMS))
@@ -122,13 +137,13 @@ class SpawnAction(registry.Action):
         _text(params, "at")
 
     @never_raises
-    def health(self):
+    def health(self) -> HealthAnswer:
         """Does the shard answer game requests? The engine probes it while it is down."""
         reply = shard.get("/spawners")
         return {"ok": True} if reply.ok else reply.failure()
 
     @never_raises
-    def perform(self, *, run_id, step_id, params, idempotency_key):
+    def perform(self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str) -> PerformAnswer:
         try:
             self.validate(params)
         except ValueError as exc:
@@ -168,7 +183,7 @@ class SpawnAction(registry.Action):
         }
 
     @never_raises
-    def revert(self, *, run_id, resources, idempotency_key):
+    def revert(self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str) -> RevertAnswer:
         try:
             refs = _refs_of(resources)
         except ValueError as exc:
@@ -213,7 +228,7 @@ class SpawnAction(registry.Action):
         return {"ok": True, "failed": refused}
 
     @never_raises
-    def reconcile(self, *, run_id, resources):
+    def reconcile(self, *, run_id: int, resources: list[RecordedResource]) -> ReconcileAnswer:
         try:
             refs = _refs_of(resources)
         except ValueError as exc:
@@ -237,18 +252,18 @@ class SpawnerRateLease(registry.Lease):
     module = MODULE
     budget_ms = 10_000
 
-    def validate(self, value):
+    def validate(self, value: Any) -> None:
         if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_RATE:
             raise ValueError(f"a spawner rate is a number from 0 to {MAX_RATE}, got {value!r}")
 
     @staticmethod
-    def _path(target):
+    def _path(target: object) -> str:
         if not isinstance(target, str) or not target.strip():
             raise ValueError("target must name a spawner")
         return "/spawners/" + quote(target, safe="")
 
     @never_raises
-    def read(self, *, target):
+    def read(self, *, target: str) -> ReadAnswer:
         try:
             path = self._path(target)
         except ValueError as exc:
@@ -261,7 +276,7 @@ class SpawnerRateLease(registry.Lease):
         return {"ok": True, "value": reply.body["rate"]}
 
     @never_raises
-    def apply(self, *, value, run_id, target):
+    def apply(self, *, value: Any, run_id: int, target: str) -> ApplyAnswer:
         try:
             path = self._path(target)
         except ValueError as exc:
@@ -272,7 +287,7 @@ class SpawnerRateLease(registry.Lease):
         return {"ok": True} if reply.ok else reply.failure()
 
     @never_raises
-    def restore(self, *, baseline, expected, run_id, target):
+    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str) -> RestoreAnswer:
         try:
             path = self._path(target)
         except ValueError as exc:

@@ -22,6 +22,7 @@ ON_POSTGRES = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.pos
 
 PG_PROCESSES = [
     pytest.mark.reliability,
+    pytest.mark.slow,
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL: claims between processes are a PostgreSQL matter"),

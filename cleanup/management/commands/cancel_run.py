@@ -1,3 +1,8 @@
+"""``manage.py cancel_run RUN_ID [--no-cleanup]``: end a running run (`cleanup.runner.cancel_run`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from django.core.management.base import CommandError
 
 from cleanup.management.base import EventCommand, object_id, plain_text

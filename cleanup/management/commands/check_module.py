@@ -1,3 +1,8 @@
+"""``manage.py check_module``: the conformance kit (`cleanup.testing`) against a module's real backend.
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 import json
 
 from django.core.management.base import CommandError

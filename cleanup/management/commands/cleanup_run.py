@@ -1,3 +1,8 @@
+"""``manage.py cleanup_run RUN_ID [--reset] [--now]``: one run's cleanup pass (`cleanup.sweep.cleanup_run`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from django.core.management.base import CommandError
 from django.db.models import Count, Min
 from django.utils import timezone

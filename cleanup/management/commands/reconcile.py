@@ -1,3 +1,8 @@
+"""``manage.py reconcile [--module NAME] [--restarted]``: ask modules what is in force (`cleanup.reconcile`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from django.core.management.base import CommandError
 
 from cleanup.management.base import EventCommand, plain_text

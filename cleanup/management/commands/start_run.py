@@ -1,3 +1,8 @@
+"""``manage.py start_run --name NAME --steps JSON``: start a run (`cleanup.runner.start_run`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from django.core.management.base import CommandError
 
 from cleanup import validation

@@ -1,3 +1,8 @@
+"""``manage.py sweep``: the cleanup leg once (`cleanup.sweep.sweep`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from cleanup.management.base import EventCommand
 from cleanup.sweep import sweep
 from cleanup.tasks import notice_staff

@@ -1,3 +1,8 @@
+"""``manage.py tick``: one tick, advance then cleanup (`cleanup.runner.tick`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from cleanup.management.base import EventCommand
 from cleanup.runner import tick
 from cleanup.tasks import notice_staff

@@ -1,3 +1,8 @@
+"""``manage.py waive``: a person resolves rows by hand (`cleanup.manual.waive`).
+
+May import: the engine's entry points and the models: the work is theirs, not the command's.
+"""
+
 from django.core.management.base import CommandError
 
 from cleanup.management.base import EventCommand

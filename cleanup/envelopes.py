@@ -1,0 +1,145 @@
+"""The envelopes: the shapes of what a module answers and receives, as types.
+
+Every callable of a module (see `cleanup.registry`) answers a dict, the envelope. These
+``TypedDict`` s spell its shapes for a module author's type checker, and for a reader::
+
+    from cleanup.envelopes import PerformAnswer
+
+    def perform(self, *, run_id, step_id, params, idempotency_key) -> PerformAnswer:
+        return {"ok": True, "resources": [{"kind": "creature", "ref": "cr-1"}]}
+
+They are types only: the engine still trusts no answer at run time. Whatever a module
+answers, of these shapes or not, goes through the one classifier in `cleanup.calls`,
+where only a dict whose ``ok`` is exactly ``True`` (with the rest in the promised shape)
+is a success, and every other answer, exception or late call is a failure.
+
+This module imports nothing of the engine, so a module may import it anywhere.
+"""
+
+from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
+
+__all__ = [
+    "ApplyAnswer",
+    "Drifted",
+    "Failure",
+    "HealthAnswer",
+    "Ok",
+    "PerformAnswer",
+    "PerformOk",
+    "ReadAnswer",
+    "ReadOk",
+    "ReconcileAnswer",
+    "ReconcileOk",
+    "RecordedResource",
+    "ResourceEntry",
+    "RestoreAnswer",
+    "RevertAnswer",
+    "RevertOk",
+]
+
+
+# -- what a module receives ------------------------------------------------------------
+
+
+class ResourceEntry(TypedDict):
+    """One thing a ``perform`` made in the world, as it reports it.
+
+    ``kind`` and ``ref`` are non-empty strings (the kinds ``step`` and ``override`` are
+    the engine's own); ``payload`` (a dict) and ``member_key`` (a string, the group a row
+    is given back with) are optional.
+    """
+
+    kind: str
+    ref: str
+    payload: NotRequired[dict[str, Any]]
+    member_key: NotRequired[str]
+
+
+class RecordedResource(TypedDict):
+    """A ledger row as ``revert`` and ``reconcile`` receive it: all four keys, always.
+
+    ``payload`` and ``member_key`` are what ``perform`` answered (``{}`` and ``""`` when it
+    gave none).
+    """
+
+    kind: str
+    ref: str
+    payload: dict[str, Any]
+    member_key: str
+
+
+# -- what a module answers ---------------------------------------------------------------
+
+
+class Ok(TypedDict):
+    """Success with nothing more to say: ``apply``, ``restore`` and ``health``."""
+
+    ok: Literal[True]
+
+
+class PerformOk(TypedDict):
+    """``perform`` did the step: one entry per thing it created."""
+
+    ok: Literal[True]
+    resources: list[ResourceEntry]
+
+
+class RevertOk(TypedDict):
+    """``revert`` gave back every ref of the list except those in ``failed``.
+
+    ``failed`` names only refs of the list it was handed; a thing already gone counts as
+    given back.
+    """
+
+    ok: Literal[True]
+    failed: list[str]
+
+
+class ReconcileOk(TypedDict):
+    """``reconcile``: the refs of the list still in the world; the rest are gone."""
+
+    ok: Literal[True]
+    in_force: list[str]
+
+
+class ReadOk(TypedDict):
+    """``read``: the value in force now."""
+
+    ok: Literal[True]
+    value: Any
+
+
+class Drifted(TypedDict):
+    """Somebody else's value is in place (``restore``, ``revert``): left alone for a person.
+
+    ``current`` is that value, shown to staff; nothing is retried automatically.
+    """
+
+    ok: Literal[False]
+    drifted: Literal[True]
+    current: Any
+
+
+class Failure(TypedDict):
+    """Any call that did not do its work.
+
+    ``error``: a sentence a person can act on. ``retry``: ``True`` (or left out) when it is
+    worth another try after a backoff, ``False`` when only a person can help.
+    ``unavailable``: ``True`` when the backend itself is down: the answer then blames the
+    backend, not the row, and counts toward marking the module down (`cleanup.outages`),
+    which gives the rows' attempts back.
+    """
+
+    ok: Literal[False]
+    error: str
+    retry: NotRequired[bool]
+    unavailable: NotRequired[bool]
+
+
+PerformAnswer: TypeAlias = PerformOk | Failure
+RevertAnswer: TypeAlias = RevertOk | Drifted | Failure
+ReconcileAnswer: TypeAlias = ReconcileOk | Failure
+ReadAnswer: TypeAlias = ReadOk | Failure
+ApplyAnswer: TypeAlias = Ok | Failure
+RestoreAnswer: TypeAlias = Ok | Drifted | Failure
+HealthAnswer: TypeAlias = Ok | Failure
