@@ -23,6 +23,7 @@ __all__ = [
     "Drifted",
     "Failure",
     "HealthAnswer",
+    "HealthOk",
     "Ok",
     "PerformAnswer",
     "PerformOk",
@@ -53,6 +54,8 @@ class ResourceEntry(TypedDict):
     ref: str
     payload: NotRequired[dict[str, Any]]
     member_key: NotRequired[str]
+    # Which of the module's backends holds it, when not the step's own.
+    backend: NotRequired[str]
 
 
 class RecordedResource(TypedDict):
@@ -87,19 +90,30 @@ class PerformOk(TypedDict):
 class RevertOk(TypedDict):
     """``revert`` gave back every ref of the list except those in ``failed``.
 
-    ``failed`` names only refs of the list it was handed; a thing already gone counts as
-    given back.
+    ``failed`` names only refs of the list it was handed, as a list or as an object
+    ``{ref: reason}`` that says why each was not given back (each row then shows its own
+    reason); a thing already gone counts as given back.
     """
 
     ok: Literal[True]
-    failed: list[str]
+    failed: list[str] | dict[str, str]
 
 
 class ReconcileOk(TypedDict):
-    """``reconcile``: the refs of the list still in the world; the rest are gone."""
+    """``reconcile``: the refs of the list still in the world, and those it cannot tell
+    about (``unknown``: left as they are); the rest are gone."""
 
     ok: Literal[True]
     in_force: list[str]
+    unknown: NotRequired[list[str]]
+
+
+class HealthOk(TypedDict):
+    """``health``: the backend answers; ``boot_id`` names its current boot, so that a
+    restart nobody reported is seen (a different one than last time)."""
+
+    ok: Literal[True]
+    boot_id: NotRequired[str]
 
 
 class ReadOk(TypedDict):
@@ -142,4 +156,4 @@ ReconcileAnswer: TypeAlias = ReconcileOk | Failure
 ReadAnswer: TypeAlias = ReadOk | Failure
 ApplyAnswer: TypeAlias = Ok | Failure
 RestoreAnswer: TypeAlias = Ok | Drifted | Failure
-HealthAnswer: TypeAlias = Ok | Failure
+HealthAnswer: TypeAlias = HealthOk | Failure

@@ -74,7 +74,7 @@ class Reconcile(Protocol):
 class Health(Protocol):
     """The signature of a module's ``health`` (on any of its actions or leases)."""
 
-    def __call__(self) -> HealthAnswer: ...
+    def __call__(self, *, backend: str = ...) -> HealthAnswer: ...
 
 
 class Action:
@@ -98,9 +98,10 @@ class Action:
     ``{"kind", "ref", "payload", "member_key"}``, all made by one step, whose
     ``idempotency_key`` it receives: the list may be empty when the step's worker died
     before it could record what it made, so a module should give back whatever it made
-    under that key. It answers ``{"ok": True, "failed": [refs]}``: every ref not in
-    ``failed`` is taken as given back, and a thing that was already gone counts as given
-    back. ``failed`` may name only refs of the list. When what it would give back was
+    under that key. It answers ``{"ok": True, "failed": [refs]}``, or ``{"ok": True,
+    "failed": {ref: reason}}`` to say why each was not given back (each row then shows
+    its own reason): every ref not in ``failed`` is taken as given back, and a thing that
+    was already gone counts as given back. ``failed`` may name only refs of the list. When what it would give back was
     changed by somebody else (a player tamed the creature), it may answer ``{"ok": False,
     "drifted": True, "current": value}``: every row of the call is then left alone as
     ``drifted`` for a person, never retried automatically; for one thing among many,
@@ -112,15 +113,28 @@ class Action:
 
     ``reconcile(*, run_id, resources)`` (optional) answers which of the listed resources
     are still in the world: ``{"ok": True, "in_force": [refs]}``. Refs left out are
-    recorded as gone (``orphaned``). Answer a failure when you cannot tell: not knowing
-    must never read as "gone".
+    recorded as gone (``orphaned``), so a ref the backend never heard of is gone too.
+    Refs it cannot tell about go in ``"unknown": [refs]`` and are left as they are; answer
+    a failure when it cannot tell about any: not knowing must never read as "gone".
 
     ``validate(params)`` (optional) raises ``ValueError`` with a message naming the bad
     field; it runs before a run is stored.
 
-    ``health()`` (optional, on any one action or lease of the module) answers ``{"ok":
-    True}`` when the backend answers; while the module is marked down the engine probes
-    it instead of letting one ordinary call through (see `cleanup.outages`).
+    ``health(*, backend)`` (optional, on any one action or lease of the module) answers
+    ``{"ok": True, "boot_id": "..."}`` when the backend answers, or a failure (with
+    ``"unavailable": True`` when it is down). While the backend is marked down the engine
+    probes it instead of letting one ordinary call through; while it is up and holds
+    something, the engine asks it at least every ``EVENT_BACKEND_WATCH_S``, and a boot id
+    other than the last one it saw is a restart, reconciled at once (see `cleanup.outages`).
+
+    **Backends.** A module may serve several backends (shards, realms, servers).
+    ``backend_of(params)`` names the backend a step acts on (default ``""``, the module's
+    only backend); a resource in ``perform``'s answer may carry its own ``"backend"``.
+    Every callable that names a ``backend`` keyword is called with it (``perform``,
+    ``revert``, ``reconcile``, ``health``), ``""`` included; one that takes ``**kwargs``
+    gets it when there are several. Health, outages, restarts, ``max_concurrency`` and
+    reconcile are per backend: a backend that is down holds only its own work. A revert
+    of an empty list goes to its step's backend.
     """
 
     id: str | None = None
@@ -134,6 +148,10 @@ class Action:
 
     def perform(self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str) -> PerformAnswer:
         raise NotImplementedError
+
+    def backend_of(self, params: dict[str, Any]) -> str:
+        """The backend a step with these params acts on: ``""``, the module's only one."""
+        return ""
 
 
 class Lease:
@@ -149,7 +167,12 @@ class Lease:
 
     ``validate(value)`` (optional) raises ``ValueError`` with a message when the lease
     cannot apply ``value``; ``core.lease`` calls it before a run is stored. ``health()``
-    (optional) is as for an `Action`.
+    (optional) is as for an `Action`. ``backend_of(target)`` names the backend that holds
+    the target (default ``""``); the same target on two backends is two targets, each
+    with its own stack of leases (rule 13). After a backend restart the engine reads each
+    open lease's target: one whose baseline is back in force is settled as ``orphaned``
+    ("the backend no longer holds this override"), and its baseline goes to the next
+    newer lease on the target.
 
     The engine records the lease in the ledger (kind ``override``, ref
     ``"<lease id>#<target>"``, payload ``{"baseline", "applied"}``) before it calls
@@ -171,6 +194,10 @@ class Lease:
 
     def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str) -> RestoreAnswer:
         raise NotImplementedError
+
+    def backend_of(self, target: str) -> str:
+        """The backend that holds this target: ``""``, the module's only one."""
+        return ""
 
 
 ActionT = TypeVar("ActionT", bound=Action)
@@ -254,12 +281,12 @@ def modules() -> list[str]:
     return sorted({cast(str, e.module) for e in entries})
 
 
-def backend_restarted(name: str) -> None:
-    """Tell the engine that a module's backend restarted (it saw a new boot id).
+def backend_restarted(name: str, backend: str = "") -> None:
+    """Tell the engine that one backend of a module restarted (it saw a new boot id).
 
-    Queues a reconcile of the module that also looks at what was given back recently
-    (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save may
-    have brought some of it back.
+    Queues a reconcile of that backend alone that also looks at what was given back
+    recently (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save
+    may have brought some of it back. ``backend`` is ``""`` for a module with one.
     """
-    logger.info("module %s reports that its backend restarted", name)
-    return queue_reconcile(module=name, restarted=True)
+    logger.info("module %s reports that its backend %r restarted", name, backend)
+    return queue_reconcile(module=name, restarted=True, backend=backend)

@@ -137,7 +137,7 @@ class SpawnAction(registry.Action):
         _text(params, "at")
 
     @never_raises
-    def health(self) -> HealthAnswer:
+    def health(self, *, backend: str = "") -> HealthAnswer:
         """Does the shard answer game requests? The engine probes it while it is down."""
         reply = shard.get("/spawners")
         return {"ok": True} if reply.ok else reply.failure()
