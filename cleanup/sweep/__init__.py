@@ -192,8 +192,10 @@ def sweep(by="sweep", deadline=None, ahead=None):
                 run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries, health=health, ahead=ahead
             )
         except Exception:
-            # The claims of a batch that failed expire and are taken again by a later pass.
+            # The claims of a batch that failed expire and are taken again by a later pass;
+            # a connection the failure left broken is not used again.
             logger.exception("cleanup of runs %s failed", run_ids)
+            connection.close_if_unusable_or_obsolete()
             summaries, work_left = {}, True
         if summaries or work_left:
             break

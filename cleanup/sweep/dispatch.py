@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models import Q
 from django.utils import timezone
 
@@ -224,8 +224,11 @@ class _Flight:
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(Called(job.group, None, job.what))
             return
-        if token is not None:
-            mark_called(token, [job.group for job in wave])
+        if token is not None and not _mark(token, wave):
+            for job in wave:  # not called: their attempts are given back with the verdicts
+                self.per_module[job.module, job.backend] -= 1
+                self.results.append(Called(job.group, None, job.what))
+            return
         for job in wave:
             future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
             future.add_done_callback(lambda _f: self.woken.set())
@@ -245,6 +248,20 @@ class _Flight:
         if self.calls:
             soonest = min(expires for _future, expires in self.calls.values())
             self.woken.wait(max(0.0, soonest - time.monotonic()))
+
+
+def _mark(token, wave):
+    """Mark a wave called before it starts, once more on a fresh connection if the first
+    try lost it; answers False when it could not be marked, and then nothing is called."""
+    groups = [job.group for job in wave]
+    for last in (False, True):
+        try:
+            mark_called(token, groups)
+            return True
+        except DatabaseError:
+            logger.exception("marking %d calls as started failed%s", len(groups), "" if last else "; trying once more")
+            connections["default"].close()
+    return False
 
 
 def _verdict_of(job, future, health):
