@@ -18,6 +18,7 @@ May import: the pass (`cleanup.sweep`), `ledger`, `outages`, `calls`, `registry`
 
 import logging
 import math
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -578,9 +579,19 @@ class TickResult:
         return f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
 
 
+# A busy site ticks many times a minute; the watch looks for due backends at most this
+# often in one process (each backend is asked at most every EVENT_BACKEND_WATCH_S anyway).
+WATCH_EVERY_S = 10
+_last_watch = {"at": None}
+
+
 def _watch():
     """The backends' health, at the tick: a restart nobody reported is caught even when no
     run is active (`cleanup.outages.watch`). Its failure never fails the tick."""
+    at = time.monotonic()
+    if _last_watch["at"] is not None and at - _last_watch["at"] < WATCH_EVERY_S:
+        return 0
+    _last_watch["at"] = at
     try:
         return outages.watch()
     except Exception:

@@ -379,3 +379,18 @@ def test_the_calls_of_a_pass_mark_their_rows_called_before_they_start(fleet):
 
     assert seen == [True, True]
     assert set(states(run).values()) == {"reverted"}
+
+
+def test_the_tick_watches_the_backends_but_a_busy_site_looks_at_most_every_few_seconds(fleet, monkeypatch):
+    from cleanup import runner
+
+    ended_run(fleet, "north")
+    looks = []
+    monkeypatch.setattr(runner.outages, "watch", lambda: looks.append(1) or 0)
+    monkeypatch.setitem(runner._last_watch, "at", None)
+    tick()
+    tick()
+    assert looks == [1]
+    monkeypatch.setitem(runner._last_watch, "at", time.monotonic() - runner.WATCH_EVERY_S)
+    tick()
+    assert looks == [1, 1]
