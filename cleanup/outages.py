@@ -369,8 +369,9 @@ def watched_backends(now, modules):
 
 
 def watch(now=None):
-    """Ask every up backend that holds something for its health, at most every
-    ``EVENT_BACKEND_WATCH_S``, even when no run is active; answers how many were asked.
+    """Ask every up backend that holds something for its health, at least every
+    ``EVENT_BACKEND_WATCH_S`` and at most every half of it, even when no run is active;
+    answers how many were asked.
 
     One worker asks each backend per interval (a conditional UPDATE of ``watched_at``). An
     answer that blames the backend counts towards its outage like any other; one with a new
@@ -380,7 +381,9 @@ def watch(now=None):
     watchable = [m for m in registry.modules() if health_callable(m)[0] is not None]
     if not watchable:
         return 0
-    due_before = now - timedelta(seconds=setting("EVENT_BACKEND_WATCH_S"))
+    # Due once half the interval has passed: ticks come about once a minute, never exactly,
+    # so a backend asked at every tick past half of it is never left longer than the whole.
+    due_before = now - timedelta(seconds=setting("EVENT_BACKEND_WATCH_S") / 2)
     asked = 0
     for module, backend in sorted(watched_backends(now, watchable)):
         _health(module, backend)

@@ -173,7 +173,7 @@ def test_an_idle_restart_is_found_through_the_boot_id_and_given_back(fleet, djan
         fleet.boot["north"] = "boot-n2"  # ...and started again, unseen
         assert outages.watch() == 0, "not due again yet"
         with (
-            time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False),
+            time_machine.travel(timezone.now() + timedelta(seconds=31), tick=False),
             django_capture_on_commit_callbacks(execute=True),
         ):
             assert outages.watch() == 1
