@@ -296,12 +296,15 @@ def called_rows(token, steps, alone):
     resource, _, _ = names()
     ids_sql, ids_params = in_list(f"{resource}.id", alone)
     steps_sql, steps_params = in_pairs((f"{resource}.step_id", f"{resource}.backend"), steps)
+    # The state is a literal, not a parameter: a prepared statement's one plan can then
+    # read the claimed rows through the partial index of rows being reverted
+    # (`res_reverting_idx`) instead of the whole ledger.
     sql = (
-        f"{resource}.claim_token = %s AND {resource}.state = %s "
-        f"AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s)))"
+        f"{resource}.claim_token = %s AND {resource}.state = '{ResourceState.REVERTING.value}' "
+        f"AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = '{LEASE_KIND}')))"
     )
     token_param = Resource._meta.get_field("claim_token").get_db_prep_value(token, connection)
-    return sql, [token_param, ResourceState.REVERTING.value, *ids_params, *steps_params, LEASE_KIND]
+    return sql, [token_param, *ids_params, *steps_params]
 
 
 @functools.lru_cache(maxsize=16)
