@@ -274,28 +274,29 @@ def next_attempt(row, max_attempts):
 
 
 def mark_waiting(rows, max_attempts):
-    """Set ``row.waiting`` to "waiting: <module> is down since …" on rows held by an outage.
+    """Set ``row.waiting`` to "waiting: <module>[/<backend>] is down since …" on rows held by
+    an outage of their own backend.
 
     One query for the whole page (`cleanup.outages.waiting_reasons`), not one per row.
     """
     from .. import outages
 
     rows = list(rows)
-    reasons = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+    reasons = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
     for row in rows:
-        row.waiting = reasons.get(row.module) if outages.row_waits(row, max_attempts) else None
+        row.waiting = reasons.get((row.module, row.backend)) if outages.row_waits(row, max_attempts) else None
     return rows
 
 
 def mark_steps_waiting(steps):
-    """Set ``step.waiting`` on the steps not yet done whose module is down; one query for them all."""
+    """Set ``step.waiting`` on the steps not yet done whose backend is down; one query for them all."""
     from .. import outages, registry
 
     open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
-    modules = {s: step_module(s, registry) for s in open_steps}
-    reasons = outages.waiting_reasons({m for m in modules.values() if m}) if open_steps else {}
+    keys = {s: (module, s.backend) for s in open_steps if (module := step_module(s, registry))}
+    reasons = outages.waiting_reasons(set(keys.values())) if keys else {}
     for step in steps:
-        step.waiting = reasons.get(modules.get(step))
+        step.waiting = reasons.get(keys.get(step))
     return steps
 
 

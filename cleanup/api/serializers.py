@@ -148,11 +148,11 @@ class RunDetailSerializer(RunSerializer):
 
 
 class WaitingListSerializer(serializers.ListSerializer):
-    """Reads the down modules of a whole page in one query, for the rows' ``waiting``."""
+    """Reads the down backends of a whole page in one query, for the rows' ``waiting``."""
 
     def to_representation(self, data):
         rows = list(data.all() if hasattr(data, "all") else data)
-        self.context["waiting"] = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+        self.context["waiting"] = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
         return super().to_representation(rows)
 
 
@@ -193,10 +193,11 @@ class ResourceSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(NULLABLE_TEXT)
     def get_waiting(self, row):
+        key = (row.module, row.backend)
         reasons = self.context.get("waiting")
         if reasons is None:
-            reasons = outages.waiting_reasons([row.module])
-        reason = reasons.get(row.module)
+            reasons = outages.waiting_reasons([key])
+        reason = reasons.get(key)
         return reason if reason and outages.row_waits(row, max_revert_attempts()) else None
 
 

@@ -1,0 +1,100 @@
+"""The admin of a fleet: one module, two backends (north and south), each with its own health.
+
+What waits shows its own backend's outage; the ledger, the run page, the steps and the
+modules' log show and filter by backend; module health lists every backend, and a person
+marks one down or up on its own. A site whose modules have one backend each shows none of it.
+"""
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from cleanup import outages, registry
+from cleanup.models import Resource, RunStatus, Step
+from tests.fakes import FakeAction, make_rows, make_run, make_step
+
+pytestmark = pytest.mark.django_db
+
+LEDGER = reverse("admin:cleanup_resource_changelist")
+HEALTH = reverse("admin:cleanup_modulehealth_changelist")
+
+
+@pytest.fixture
+def module():
+    registry.register_action(FakeAction())
+    return "test"
+
+
+def on(backend, step, refs):
+    """A step of ``backend`` and its rows (no placeholder)."""
+    Step.objects.filter(pk=step.pk).update(backend=backend)
+    step.backend = backend
+    rows = make_rows(step, refs, placeholder=False)
+    Resource.objects.filter(pk__in=[r.pk for r in rows]).update(backend=backend)
+    return rows
+
+
+@pytest.fixture
+def fleet(module):
+    """An ended run with rows on north and south, a running run with a pending step on each."""
+    ended = make_run(status=RunStatus.ABORTED, name="orc raid", cleanup_status="pending")
+    on("north", make_step(ended), ["orc-n1", "orc-n2"])
+    on("south", make_step(ended), ["orc-s1", "orc-s2", "orc-s3"])
+    running = make_run(status=RunStatus.RUNNING, name="festival")
+    on("north", make_step(running, status="pending"), [])
+    on("south", make_step(running, status="pending"), [])
+    return {"ended": ended, "running": running}
+
+
+@pytest.fixture
+def staffer(client):
+    client.force_login(User.objects.create_superuser("root", password="pw-123456789"))
+    return client
+
+
+def listed(client, url):
+    page = client.get(url)
+    assert page.status_code == 200, page.content[:500]
+    return {getattr(r, "ref", None) or r.pk for r in page.context["cl"].result_list}
+
+
+# -- what waits, waits on its own backend --------------------------------------------------
+
+
+def test_marking_north_down_holds_only_norths_rows_and_steps(staffer, fleet):
+    assert outages.mark_down("test", backend="north", by="alice", reason="shard deploy")
+    assert outages.down_backends() == {("test", "north")}
+
+    page = staffer.get(LEDGER).content.decode()
+    assert page.count("waiting: test/north is down since") == 2
+    assert "waiting: test is down" not in page and "test/south" not in page
+
+    run_page = staffer.get(reverse("admin:cleanup_run_change", args=[fleet["ended"].pk])).content.decode()
+    assert run_page.count("waiting: test/north is down since") == 2
+    steps_page = staffer.get(reverse("admin:cleanup_run_change", args=[fleet["running"].pk])).content.decode()
+    assert steps_page.count("waiting: test/north is down since") == 1, "only north's step waits"
+
+    north_row = Resource.objects.get(ref="orc-n1")
+    row_page = staffer.get(reverse("admin:cleanup_resource_change", args=[north_row.pk])).content.decode()
+    assert "waiting: test/north is down since" in row_page
+    south_row = Resource.objects.get(ref="orc-s1")
+    assert "waiting:" not in staffer.get(reverse("admin:cleanup_resource_change", args=[south_row.pk])).content.decode()
+
+
+def test_the_module_marked_down_as_a_whole_holds_only_its_backend_of_its_own(staffer, fleet):
+    outages.mark_down("test", by="alice", reason="deploy")
+    assert outages.down_backends() == {("test", "")}
+    assert "waiting:" not in staffer.get(LEDGER).content.decode(), "north and south rows do not wait on test's ''"
+
+
+def test_the_waiting_text_is_read_once_per_page_whatever_its_backends(staffer, fleet):
+    outages.mark_down("test", backend="north", by="alice", reason="deploy")
+    with CaptureQueriesContext(connection) as few:
+        staffer.get(LEDGER)
+    for name in ("east", "west", "up-north"):
+        on(name, make_step(fleet["ended"]), [f"wolf-{name}-{i}" for i in range(5)])
+    with CaptureQueriesContext(connection) as many:
+        staffer.get(LEDGER)
+    assert len(many) == len(few), "the waiting text is read per row or per backend"
