@@ -5,6 +5,8 @@ modules' log show and filter by backend; module health lists every backend, and 
 marks one down or up on its own. A site whose modules have one backend each shows none of it.
 """
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -98,3 +100,79 @@ def test_the_waiting_text_is_read_once_per_page_whatever_its_backends(staffer, f
     with CaptureQueriesContext(connection) as many:
         staffer.get(LEDGER)
     assert len(many) == len(few), "the waiting text is read per row or per backend"
+
+
+# -- the ledger, the steps and a run's page show and filter by backend ----------------------
+
+
+def headers(page):
+    return re.findall(r'<th scope="col" class="[^"]*column-(\w+)', page)
+
+
+def test_the_ledger_shows_each_rows_backend_and_filters_by_it(staffer, fleet):
+    page = staffer.get(LEDGER).content.decode()
+    assert headers(page)[:3] == ["ref_short", "state", "backend_shown"]
+    assert re.search(r'<td class="field-backend_shown">north</td>', page)
+    assert listed(staffer, LEDGER + "?backend=north") == {"orc-n1", "orc-n2"}
+    assert listed(staffer, LEDGER + "?backend=south&module=test") == {"orc-s1", "orc-s2", "orc-s3"}
+    assert listed(staffer, LEDGER + "?backend=nowhere") == set(), "an unknown backend lists nothing, not an error"
+    choices = re.findall(r'href="\?backend=(\w+)"', page)
+    assert choices == ["north", "south"]
+
+    row = Resource.objects.get(ref="orc-n1")
+    detail = staffer.get(reverse("admin:cleanup_resource_change", args=[row.pk])).content.decode()
+    assert re.search(r'field-backend_shown.*?<div class="readonly">north</div>', detail, re.S)
+
+
+def test_the_backend_filter_never_distincts_the_whole_ledger(staffer, fleet):
+    with CaptureQueriesContext(connection) as captured:
+        listed(staffer, LEDGER)
+        listed(staffer, LEDGER + "?backend=north")
+        listed(staffer, reverse("admin:cleanup_step_changelist") + "?backend=north")
+    for sql in (c["sql"].upper() for c in captured.captured_queries if "cleanup_resource" in c["sql"]):
+        if "DISTINCT" in sql:
+            assert "STATE" in sql and "IN (" in sql and "LIMIT" in sql, f"a DISTINCT over the whole ledger: {sql}"
+
+
+def test_a_backend_known_only_from_its_health_row_is_a_choice(staffer, module):
+    outages.mark_down("test", backend="east", by="alice", reason="deploy")
+    page = staffer.get(LEDGER).content.decode()
+    assert re.findall(r'href="\?backend=(\w+)"', page) == ["east"]
+
+
+def test_the_steps_show_and_filter_by_backend(staffer, fleet):
+    steps = reverse("admin:cleanup_step_changelist")
+    page = staffer.get(steps).content.decode()
+    assert headers(page)[:3] == ["position", "action_id", "backend_shown"]
+    north = listed(staffer, steps + "?backend=north")
+    assert north == set(Step.objects.filter(backend="north").values_list("pk", flat=True)) and len(north) == 2
+    step = Step.objects.filter(backend="south").first()
+    detail = staffer.get(reverse("admin:cleanup_step_change", args=[step.pk])).content.decode()
+    assert re.search(r'field-backend_shown.*?<div class="readonly">south</div>', detail, re.S)
+
+
+def test_a_runs_page_shows_the_backend_of_its_rows_and_steps_and_links_each(staffer, fleet):
+    page = staffer.get(reverse("admin:cleanup_run_change", args=[fleet["ended"].pk])).content.decode()
+    rows = page.split('id="rows"')[1].split('id="plan"')[0]
+    assert "<th>backend</th>" in rows and rows.count('<td class="backend">north</td>') == 2
+    assert rows.count('<td class="backend">south</td>') == 3
+    links = dict(re.findall(r'<a href="([^"]+)">(\w+: \d+)</a>', rows.split('id="row-backends"')[1]))
+    assert sorted(links.values()) == ["north: 2", "south: 3"]
+    north = next(url for url, text in links.items() if text == "north: 2").replace("&amp;", "&")
+    assert listed(staffer, north) == {"orc-n1", "orc-n2"}
+    steps = page.split('id="steps"')[1]
+    assert "<th>backend</th>" in steps and '<td class="backend">north</td>' in steps
+
+
+def test_a_site_whose_modules_have_one_backend_shows_no_backend(staffer, module):
+    ended = make_run(status=RunStatus.ABORTED, name="orc raid", cleanup_status="pending")
+    make_rows(make_step(ended), ["orc-1"], placeholder=False)
+    outages.mark_down("test", by="alice", reason="deploy")
+    ledger = staffer.get(LEDGER).content.decode()
+    assert "backend" not in ledger
+    assert "backend" not in staffer.get(reverse("admin:cleanup_step_changelist")).content.decode()
+    row = Resource.objects.get()
+    assert "backend" not in staffer.get(reverse("admin:cleanup_resource_change", args=[row.pk])).content.decode()
+    step = Step.objects.get()
+    assert "backend" not in staffer.get(reverse("admin:cleanup_step_change", args=[step.pk])).content.decode()
+    assert "backend" not in staffer.get(reverse("admin:cleanup_run_change", args=[ended.pk])).content.decode()

@@ -165,6 +165,80 @@ class KindFilter(RegistryFilter):
         return ["step", "override"]
 
 
+# -- backends: shown where the site has more than one backend to a module ---------------
+
+BACKEND_CHOICES = 50
+
+
+def site_backends(request=None):
+    """The backends other than ``""`` the site knows, sorted: those with a health row (every
+    backend that was watched, probed, blamed or marked) and those of unresolved rows, capped.
+
+    Never a DISTINCT of the whole ledger. Empty on a site whose modules have one backend
+    each: its pages show no backend at all, exactly as before backends existed. Read once
+    per request.
+    """
+    cached = getattr(request, "_cleanup_backends", None)
+    if cached is not None:
+        return cached
+    names = set(ModuleHealth.objects.exclude(backend="").order_by().values_list("backend", flat=True).distinct())
+    names |= set(
+        Resource.objects.filter(state__in=UNRESOLVED)
+        .exclude(backend="")
+        .order_by()
+        .values_list("backend", flat=True)
+        .distinct()[:BACKEND_CHOICES]
+    )
+    found = sorted(names)
+    if request is not None:
+        request._cleanup_backends = found
+    return found
+
+
+def with_backend(columns, request, after):
+    """``columns`` with the backend's column after ``after``, when the site has backends."""
+    columns = list(columns)
+    if site_backends(request) and "backend_shown" not in columns:
+        columns.insert(columns.index(after) + 1, "backend_shown")
+    return columns
+
+
+def backend_text(backend):
+    return backend or "-"
+
+
+class BackendFilter(admin.SimpleListFilter):
+    """Fixed choices from `site_backends`; hidden on a site whose modules have one backend each."""
+
+    title = parameter_name = "backend"
+
+    def lookups(self, request, model_admin):
+        values = set(site_backends(request))
+        if self.value():
+            values.add(self.value())
+        return [(v, v) for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(backend=self.value()) if self.value() else queryset
+
+
+class BackendColumnMixin:
+    """A model admin whose objects have a ``backend``: the column and the detail field shown
+    where the site has backends (`site_backends`), or the object names one."""
+
+    backend_after: str = ""
+
+    def get_list_display(self, request):
+        return with_backend(super().get_list_display(request), request, self.backend_after)
+
+    @admin.display(description="backend")
+    def backend_shown(self, obj):
+        return backend_text(obj.backend)
+
+    def shows_backend(self, request, obj):
+        return bool(site_backends(request) or (obj is not None and obj.backend))
+
+
 class LogKindFilter(admin.SimpleListFilter):
     title = "kind"
     parameter_name = "kind"
