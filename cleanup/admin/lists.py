@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.text import slugify
 
 from ..conf import max_revert_attempts
 from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
@@ -74,6 +75,8 @@ def attention(user):
         found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
     if user.has_perm("cleanup.view_modulehealth"):
         found["modules_down"] = ModuleHealth.objects.down().count()
+        if found["modules_down"] and user.has_perm("cleanup.view_resource") and site_backends():
+            found["backends_down"] = backends_down()
     if user.has_perm("cleanup.view_resource"):
         max_attempts = max_revert_attempts()
         rows = ended_unresolved()
@@ -86,6 +89,26 @@ def attention(user):
                 "at": when(oldest["created_at"]),
                 "age": ago((timezone.now() - oldest["created_at"]).total_seconds()),
             }
+    return found
+
+
+def backends_down():
+    """Each backend down, with its unresolved rows counted and the ledger's list of them."""
+    found = []
+    for health in ModuleHealth.objects.down().order_by("module", "backend"):
+        rows = Resource.objects.filter(state__in=UNRESOLVED, module=health.module, backend=health.backend)
+        found.append(
+            {
+                "name": health.name,
+                "id": "count-down-" + slugify(health.name.replace("/", " ")),
+                "since": when(health.down_since),
+                "error": health.last_error,
+                "rows": rows.count(),
+                "link": filtered(
+                    "resource", needs="unresolved", module=health.module, backend=backend_param(health.backend)
+                ),
+            }
+        )
     return found
 
 
@@ -207,19 +230,34 @@ def backend_text(backend):
     return backend or "-"
 
 
+# No backend's name holds a "/" (`cleanup.calls.backend_name_ok`): in the filter, it stands
+# for a module's only backend, "".
+ONLY_BACKEND = "/"
+
+
+def backend_param(backend):
+    """The value of the ``backend`` filter that lists ``backend``'s objects."""
+    return backend or ONLY_BACKEND
+
+
 class BackendFilter(admin.SimpleListFilter):
-    """Fixed choices from `site_backends`; hidden on a site whose modules have one backend each."""
+    """Fixed choices from `site_backends`, and "-" for a module's only backend; hidden on a
+    site whose modules have one backend each."""
 
     title = parameter_name = "backend"
 
     def lookups(self, request, model_admin):
         values = set(site_backends(request))
-        if self.value():
+        if not values:
+            return []
+        if self.value() and self.value() != ONLY_BACKEND:
             values.add(self.value())
-        return [(v, v) for v in sorted(values)]
+        return [(ONLY_BACKEND, "- (a module's only backend)"), *[(v, v) for v in sorted(values)]]
 
     def queryset(self, request, queryset):
-        return queryset.filter(backend=self.value()) if self.value() else queryset
+        if not self.value():
+            return queryset
+        return queryset.filter(backend="" if self.value() == ONLY_BACKEND else self.value())
 
 
 class BackendColumnMixin:
