@@ -72,7 +72,7 @@ def test_rows_and_steps_carry_their_backend_and_the_ledger_filters_by_it(fleet):
 def test_a_backend_filter_no_backend_can_have_matches_nothing(fleet, bad):
     outages.mark_down("test", backend="north", by="alice", reason="deploy")
     client = api_as("view_resource", "view_moduleevent")
-    for url in ("resources/", f"runs/{fleet.pk}/resources/", "modules/log/"):
+    for url in ("resources/", f"runs/{fleet.pk}/resources/", "modules/log/", "modules/test/log/"):
         answer = client.get(API + url, {"backend": bad})
         assert (answer.status_code, answer.json()["count"]) == (200, 0), url
 
@@ -89,6 +89,7 @@ def test_the_modules_log_carries_and_filters_the_backend(module):
     assert [e["detail"]["by"] for e in client.get(API + "modules/log/?backend=&module=test").json()["results"]] == [
         "carol"
     ]
+    assert [e["detail"]["by"] for e in client.get(API + "modules/test/log/?backend=south").json()["results"]] == ["bob"]
 
 
 # -- module health: every backend; each marked down, up and reconciled on its own ----------

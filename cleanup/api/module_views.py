@@ -202,7 +202,10 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
 
 
 @extend_schema(
-    tags=["modules"], summary="One module's log", responses={200: s.ModuleEventSerializer(many=True), **errors(404)}
+    tags=["modules"],
+    summary="One module's log",
+    parameters=[BACKEND_PARAM],
+    responses={200: s.ModuleEventSerializer(many=True), **errors(404)},
 )
 class ModuleOneLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first; a module never known answers 404."""
@@ -218,4 +221,4 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
         name = self.kwargs["name"]
         if not (outages.module_known(name) or ModuleEvent.objects.filter(module=name).exists()):
             raise NotFound()
-        return ModuleEvent.objects.filter(module=name).order_by("-at", "-id")
+        return by_backend(ModuleEvent.objects.filter(module=name).order_by("-at", "-id"), self.request.query_params)
