@@ -42,6 +42,7 @@ from .enqueue import queue_reconcile
 from .models import (
     CLAIMABLE,
     TERMINAL,
+    UNRESOLVED,
     Attempt,
     AttemptOutcome,
     LogKind,
@@ -515,10 +516,17 @@ def health_rows(modules):
 
 def backends_of(modules):
     """``{module: [ModuleHealth, ...]}``: each backend of each module that has a health row
-    or ledger rows, its only backend ``""`` first (an unsaved row, up, when never seen)."""
+    or unresolved ledger rows, its only backend ``""`` first (an unsaved row, up, when never
+    seen). The ledger is read through its unresolved rows only, never its whole history: the
+    pages that list backends promise as much."""
     modules = set(modules)
     found = {(h.module, h.backend): h for h in ModuleHealth.objects.filter(module__in=modules)}
-    ledgered = Resource.objects.filter(module__in=modules).values_list("module", "backend").distinct()
+    ledgered = (
+        Resource.objects.filter(module__in=modules, state__in=UNRESOLVED)
+        .order_by()
+        .values_list("module", "backend")
+        .distinct()
+    )
     keys = set(found) | set(ledgered) | {(m, "") for m in modules}
     answer = {m: [] for m in modules}
     for module, backend in sorted(keys):

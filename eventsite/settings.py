@@ -289,6 +289,7 @@ SPECTACULAR_SETTINGS = {
         "CleanupStatusEnum": "cleanup.models.CleanupStatus",
         "StepStatusEnum": "cleanup.models.StepStatus",
         "ResourceStateEnum": "cleanup.models.ResourceState",
+        "ModuleStateEnum": "cleanup.models.ModuleState",
     },
 }
 

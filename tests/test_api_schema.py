@@ -40,6 +40,9 @@ PATHS = [
     "/api/events/modules/{name}/up/",
     "/api/events/modules/{name}/log/",
     "/api/events/modules/{name}/reconcile/",
+    "/api/events/modules/{name}/backends/{backend}/down/",
+    "/api/events/modules/{name}/backends/{backend}/up/",
+    "/api/events/modules/{name}/backends/{backend}/reconcile/",
     "/api/events/summary/",
 ]
 POSTS = {
@@ -49,6 +52,9 @@ POSTS = {
     "/api/events/modules/{name}/down/",
     "/api/events/modules/{name}/up/",
     "/api/events/modules/{name}/reconcile/",
+    "/api/events/modules/{name}/backends/{backend}/down/",
+    "/api/events/modules/{name}/backends/{backend}/up/",
+    "/api/events/modules/{name}/backends/{backend}/reconcile/",
 }
 
 
@@ -63,6 +69,26 @@ def test_the_schema_endpoint_answers_a_valid_openapi_document(admin_client):
     assert {"201", "400", "401", "403"} <= set(start["responses"])
     assert {"200", "400", "404", "409"} <= set(schema["paths"]["/api/events/runs/{id}/cancel/"]["post"]["responses"])
     assert set(schema["components"]["securitySchemes"]) == {"tokenAuth", "cookieAuth"}
+
+
+def test_the_schema_names_each_backend(admin_client):
+    schema = admin_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    components = schema["components"]["schemas"]
+    for component in ("Resource", "Step", "ModuleEvent", "BackendHealth", "ModuleDown", "BackendReconcileQueued"):
+        assert "backend" in components[component]["properties"], component
+    backends = components["ModuleHealth"]["properties"]["backends"]
+    assert backends["items"] == {"$ref": "#/components/schemas/BackendHealth"}
+    assert {"state", "since", "last_error", "next_probe_at", "boot_id", "waiting"} <= set(
+        components["BackendHealth"]["properties"]
+    )
+    paths = schema["paths"]
+    for path in ("/api/events/resources/", "/api/events/runs/{id}/resources/", "/api/events/modules/log/"):
+        assert "backend" in {p["name"] for p in paths[path]["get"]["parameters"]}, path
+    down = paths["/api/events/modules/{name}/backends/{backend}/down/"]["post"]
+    assert {"200", "400", "404", "409"} <= set(down["responses"])
+    assert down["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/MarkDown"}
+    reconcile = paths["/api/events/modules/{name}/backends/{backend}/reconcile/"]["post"]
+    assert {"202", "400", "404"} <= set(reconcile["responses"])
 
 
 def test_the_schema_generates_without_warnings(tmp_path):

@@ -1,12 +1,14 @@
-"""End to end, in a real browser: the demo's story in the admin, and a person's retry.
+"""End to end, in a real browser: the demo's story in the admin, a person's retry, and a fleet.
 
 Runs `make demo` (shard, cluster and web server), waits for its story, then logs in to
 the admin with Debian's Chromium driven by Playwright at 1,280 px. From the admin index
 a staff user follows the count of runs whose cleanup gave up, opens the wolf hunt, reads
 a row's errors (a wolf that refused to leave), reads the shard's outage in the modules'
 log, asks for "Clean up now", confirms it, and watches the cluster give the
-wolves back and the timeline mark the completion. Screenshots go to
-``var/e2e-screenshots/`` (or ``E2E_SCREENSHOTS``).
+wolves back and the timeline mark the completion. Then, on a site of its own with one
+module and two backends: module health lists both, one is marked down through the admin's
+action, and only its rows wait. Screenshots go to ``var/e2e-screenshots/`` (or
+``E2E_SCREENSHOTS``).
 """
 
 import os
@@ -42,6 +44,21 @@ def demo(tmp_path):
         demo.stop()
 
 
+def launch(pw):
+    return pw.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+
+
 def shot(page, name):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -56,18 +73,7 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
     hunt_id = hunt[1]
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         try:
             page.goto(f"{url}/admin/login/")
@@ -146,5 +152,95 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             page.goto(f"{url}/admin/")
             expect(page.locator("#count-incomplete-runs")).to_have_text("0")
             expect(page.locator("#recent-actions-module")).to_contain_text("Wolf hunt")
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def fleet_site(live_server, transactional_db):
+    """A live site with one module of two backends: rows on north and south, north's boot id seen."""
+    from django.contrib.auth.models import User
+
+    from cleanup import outages, registry
+    from cleanup.models import Resource, RunStatus, Step
+    from tests.fakes import FakeAction, make_rows, make_run, make_step
+
+    registry.register_action(FakeAction())
+    run = make_run(status=RunStatus.ABORTED, name="orc raid", cleanup_status="pending")
+    # east holds rows but was never seen failing: it has no health row yet.
+    fleet = (("north", ["orc-n1", "orc-n2"]), ("south", ["orc-s1", "orc-s2", "orc-s3"]), ("east", ["orc-e1"]))
+    for backend, refs in fleet:
+        step = make_step(run)
+        Step.objects.filter(pk=step.pk).update(backend=backend)
+        rows = make_rows(step, refs, placeholder=False)
+        Resource.objects.filter(pk__in=[r.pk for r in rows]).update(backend=backend)
+    outages.note_boot("test", "north", "3f9c2a71-boot")
+    outages.mark_down("test", backend="south", by="alice", reason="south is being redeployed")
+    User.objects.create_superuser("root", password="pw-123456789")
+    yield live_server.url
+    registry.unregister_module("test")
+
+
+def test_module_health_lists_each_backend_and_a_person_marks_one_down(fleet_site):
+    from playwright.sync_api import expect, sync_playwright
+
+    url = fleet_site
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        try:
+            page.goto(f"{url}/admin/login/")
+            page.fill("#id_username", "root")
+            page.fill("#id_password", "pw-123456789")
+            page.click("input[type=submit]")
+
+            # The index names the backend down, linking to its rows.
+            expect(page.locator("#count-down-test-south")).to_have_text("3")
+            shot(page, "fleet-1-index")
+
+            page.goto(f"{url}/admin/cleanup/modulehealth/")
+            table = page.locator("#result_list")
+            north = table.locator("tr", has=page.locator("td.field-backend_shown", has_text="north"))
+            south = table.locator("tr", has=page.locator("td.field-backend_shown", has_text="south"))
+            expect(north).to_contain_text("up")
+            expect(north.locator("td.field-boot")).to_have_text("3f9c2a71-boot")
+            expect(south).to_contain_text("down")
+            expect(south).to_contain_text("south is being redeployed")
+            for column in ("module", "backend_shown", "state_shown", "since", "error", "boot", "next_probe"):
+                box = page.locator(f"th.column-{column}").bounding_box()
+                assert box and box["x"] + box["width"] <= WIDTH, f"the {column} column is off-screen or hidden"
+            expect(page.locator("#unseen-backends")).to_contain_text("east")
+            shot(page, "fleet-2-module-health")
+
+            # Mark north down: the action asks for the reason first.
+            north.locator("input.action-select").check()
+            page.select_option("select[name=action]", "mark_down")
+            page.click("button[name=index]")
+            expect(page.locator("#mark-down-modules")).to_contain_text("test/north (up")
+            page.fill("textarea[name=reason]", "north lost its disk")
+            shot(page, "fleet-3-mark-down")
+            page.click("input[name=apply]")
+            expect(page.locator(".messagelist")).to_contain_text("Marked down: test/north.")
+            expect(north).to_contain_text("north lost its disk")
+            shot(page, "fleet-4-module-health-both-down")
+
+            # The ledger filtered by backend: north's rows wait on north alone.
+            page.goto(f"{url}/admin/cleanup/resource/?backend=north")
+            expect(page.locator("#result_list tbody tr")).to_have_count(2)
+            expect(page.locator("#result_list")).to_contain_text("waiting: test/north is down since")
+            expect(page.locator("#result_list")).not_to_contain_text("test/south")
+            # Why each row waits wraps: every column stays on screen.
+            right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
+            for column in ("ref_short", "state", "backend_shown", "attempt", "error", "run_name"):
+                box = page.locator(f"th.column-{column}").bounding_box()
+                assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
+            shot(page, "fleet-5-ledger-north")
+
+            # The run's page: each row and step with its backend, and a link per backend.
+            page.locator("#result_list a", has_text="orc raid").first.click()
+            expect(page.locator("#row-backends")).to_contain_text("north: 2")
+            expect(page.locator("#row-backends")).to_contain_text("south: 3")
+            expect(page.locator("#steps")).to_contain_text("east")
+            shot(page, "fleet-6-run")
         finally:
             browser.close()

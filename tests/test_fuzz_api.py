@@ -27,6 +27,9 @@ WRITES = {
     "/api/events/modules/{name}/down/",
     "/api/events/modules/{name}/up/",
     "/api/events/modules/{name}/reconcile/",
+    "/api/events/modules/{name}/backends/{backend}/down/",
+    "/api/events/modules/{name}/backends/{backend}/up/",
+    "/api/events/modules/{name}/backends/{backend}/reconcile/",
 }
 
 

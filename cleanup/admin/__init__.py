@@ -12,7 +12,8 @@ outbox); `lists` holds what they share and `guards` the middleware that keeps ma
 input from them. Importing the package registers every page; nothing imports it but
 Django's admin autodiscovery, the template tags (`lists`) and the settings (`guards`).
 May import: the engine's entry points (`manual`, `runner`, `plan`, `outages`, `sweep`), the
-models, conf, `validation`, `timeline`; nothing of the engine imports it.
+models, conf, `validation`, `timeline`, `calls` (a backend's name); nothing of the engine
+imports it.
 """
 
 from django.contrib import admin

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.text import slugify
 
 from ..conf import max_revert_attempts
 from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
@@ -74,6 +75,8 @@ def attention(user):
         found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
     if user.has_perm("cleanup.view_modulehealth"):
         found["modules_down"] = ModuleHealth.objects.down().count()
+        if found["modules_down"] and user.has_perm("cleanup.view_resource") and site_backends():
+            found["backends_down"] = backends_down()
     if user.has_perm("cleanup.view_resource"):
         max_attempts = max_revert_attempts()
         rows = ended_unresolved()
@@ -86,6 +89,26 @@ def attention(user):
                 "at": when(oldest["created_at"]),
                 "age": ago((timezone.now() - oldest["created_at"]).total_seconds()),
             }
+    return found
+
+
+def backends_down():
+    """Each backend down, with its unresolved rows counted and the ledger's list of them."""
+    found = []
+    for health in ModuleHealth.objects.down().order_by("module", "backend"):
+        rows = Resource.objects.filter(state__in=UNRESOLVED, module=health.module, backend=health.backend)
+        found.append(
+            {
+                "name": health.name,
+                "id": "count-down-" + slugify(health.name.replace("/", " ")),
+                "since": when(health.down_since),
+                "error": health.last_error,
+                "rows": rows.count(),
+                "link": filtered(
+                    "resource", needs="unresolved", module=health.module, backend=backend_param(health.backend)
+                ),
+            }
+        )
     return found
 
 
@@ -163,6 +186,95 @@ class KindFilter(RegistryFilter):
 
     def registered(self):
         return ["step", "override"]
+
+
+# -- backends: shown where the site has more than one backend to a module ---------------
+
+BACKEND_CHOICES = 50
+
+
+def site_backends(request=None):
+    """The backends other than ``""`` the site knows, sorted: those with a health row (every
+    backend that was watched, probed, blamed or marked) and those of unresolved rows, capped.
+
+    Never a DISTINCT of the whole ledger. Empty on a site whose modules have one backend
+    each: its pages show no backend at all, exactly as before backends existed. Read once
+    per request.
+    """
+    cached = getattr(request, "_cleanup_backends", None)
+    if cached is not None:
+        return cached
+    names = set(ModuleHealth.objects.exclude(backend="").order_by().values_list("backend", flat=True).distinct())
+    names |= set(
+        Resource.objects.filter(state__in=UNRESOLVED)
+        .exclude(backend="")
+        .order_by()
+        .values_list("backend", flat=True)
+        .distinct()[:BACKEND_CHOICES]
+    )
+    found = sorted(names)
+    if request is not None:
+        request._cleanup_backends = found
+    return found
+
+
+def with_backend(columns, request, after):
+    """``columns`` with the backend's column after ``after``, when the site has backends."""
+    columns = list(columns)
+    if site_backends(request) and "backend_shown" not in columns:
+        columns.insert(columns.index(after) + 1, "backend_shown")
+    return columns
+
+
+def backend_text(backend):
+    return backend or "-"
+
+
+# No backend's name holds a "/" (`cleanup.calls.backend_name_ok`): in the filter, it stands
+# for a module's only backend, "".
+ONLY_BACKEND = "/"
+
+
+def backend_param(backend):
+    """The value of the ``backend`` filter that lists ``backend``'s objects."""
+    return backend or ONLY_BACKEND
+
+
+class BackendFilter(admin.SimpleListFilter):
+    """Fixed choices from `site_backends`, and "-" for a module's only backend; hidden on a
+    site whose modules have one backend each."""
+
+    title = parameter_name = "backend"
+
+    def lookups(self, request, model_admin):
+        values = set(site_backends(request))
+        if not values:
+            return []
+        if self.value() and self.value() != ONLY_BACKEND:
+            values.add(self.value())
+        return [(ONLY_BACKEND, "- (a module's only backend)"), *[(v, v) for v in sorted(values)]]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(backend="" if self.value() == ONLY_BACKEND else self.value())
+
+
+class BackendColumnMixin:
+    """A model admin whose objects have a ``backend``: the column and the detail field shown
+    where the site has backends (`site_backends`), or the object names one."""
+
+    backend_after: str = ""
+
+    def get_list_display(self, request):
+        return with_backend(super().get_list_display(request), request, self.backend_after)
+
+    @admin.display(description="backend")
+    def backend_shown(self, obj):
+        return backend_text(obj.backend)
+
+    def shows_backend(self, request, obj):
+        return bool(site_backends(request) or (obj is not None and obj.backend))
 
 
 class LogKindFilter(admin.SimpleListFilter):
@@ -274,28 +386,29 @@ def next_attempt(row, max_attempts):
 
 
 def mark_waiting(rows, max_attempts):
-    """Set ``row.waiting`` to "waiting: <module> is down since …" on rows held by an outage.
+    """Set ``row.waiting`` to "waiting: <module>[/<backend>] is down since …" on rows held by
+    an outage of their own backend.
 
     One query for the whole page (`cleanup.outages.waiting_reasons`), not one per row.
     """
     from .. import outages
 
     rows = list(rows)
-    reasons = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+    reasons = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
     for row in rows:
-        row.waiting = reasons.get(row.module) if outages.row_waits(row, max_attempts) else None
+        row.waiting = reasons.get((row.module, row.backend)) if outages.row_waits(row, max_attempts) else None
     return rows
 
 
 def mark_steps_waiting(steps):
-    """Set ``step.waiting`` on the steps not yet done whose module is down; one query for them all."""
+    """Set ``step.waiting`` on the steps not yet done whose backend is down; one query for them all."""
     from .. import outages, registry
 
     open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
-    modules = {s: step_module(s, registry) for s in open_steps}
-    reasons = outages.waiting_reasons({m for m in modules.values() if m}) if open_steps else {}
+    keys = {s: (module, s.backend) for s in open_steps if (module := step_module(s, registry))}
+    reasons = outages.waiting_reasons(set(keys.values())) if keys else {}
     for step in steps:
-        step.waiting = reasons.get(modules.get(step))
+        step.waiting = reasons.get(keys.get(step))
     return steps
 
 

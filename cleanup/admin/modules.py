@@ -1,24 +1,40 @@
-"""The admin's module pages: each module's backend health, marking it down or up by hand, and their log.
+"""The admin's module pages: each backend's health, marking one down or up by hand, and their log.
 
-A module is marked down by the engine after answers that blame its backend, and up by a
-probe that finds it answering; a person can do either here (`cleanup.outages.mark_down`,
-`mark_up`), behind the `cleanup.cleanup_run` permission, and is recorded in the modules'
-log and in the admin's recent actions. Work waiting on a down module shows why on the
-ledger and run pages (`mark_waiting` in `cleanup.admin.lists`). May import the engine
-(outages), registry, validation, models and `.lists`; nothing imports it but the package.
+A module serves one backend or many (a fleet of shards); each backend has its own health
+row. The engine marks a backend down after answers that blame it, and up when a probe
+finds it answering; a person can do either here (`cleanup.outages.mark_down`, `mark_up`),
+one backend at a time, behind the `cleanup.cleanup_run` permission, and is recorded in the
+modules' log and in the admin's recent actions. A backend never seen failing may have no
+health row yet: it is listed apart, and marking it down makes its row (through `outages`,
+never by hand). Work waiting on a down backend shows why on the ledger and run pages
+(`mark_waiting` in `cleanup.admin.lists`). May import the engine (outages), calls (a
+backend's name), registry, validation, models and `.lists`; nothing imports it but the package.
 """
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
-from .. import outages, registry, validation
+from .. import calls, outages, registry, validation
 from ..models import ModuleEvent, ModuleHealth, ModuleState
-from .lists import PersonActionsAdmin, ReadOnlyAdmin, actor, when
+from .lists import (
+    ONLY_BACKEND,
+    BackendColumnMixin,
+    BackendFilter,
+    PersonActionsAdmin,
+    ReadOnlyAdmin,
+    actor,
+    when,
+)
 
 ERROR_CHARS = 90
+BOOT_CHARS = 20
 
 
 class MarkDownForm(forms.Form):
@@ -36,12 +52,14 @@ class MarkDownForm(forms.Form):
 
 
 @admin.register(ModuleHealth)
-class ModuleHealthAdmin(PersonActionsAdmin):
-    list_display = ["module", "state_shown", "since", "error", "next_probe", "failures_in_row", "changed_by"]
-    list_filter = ["state"]
-    search_fields = ["module"]
-    ordering = ["module"]
+class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
+    list_display = ["module", "state_shown", "since", "error", "boot", "next_probe", "failures_in_row", "changed_by"]
+    list_filter = ["state", BackendFilter]
+    search_fields = ["module", "backend"]
+    ordering = ["module", "backend"]
     actions = ["mark_down", "mark_up"]
+    backend_after = "module"
+    change_list_template = "admin/cleanup/modulehealth/change_list.html"
     fields = [
         "module",
         "state_shown",
@@ -52,14 +70,48 @@ class ModuleHealthAdmin(PersonActionsAdmin):
         "changed_by",
         "gave_up",
         "updated",
+        "boot_id",
+        "watched",
         "waiting",
     ]
-    readonly_fields = fields
+    readonly_fields = [*fields, "backend_shown"]
+
+    def get_fields(self, request, obj=None):
+        fields = list(self.fields)
+        if self.shows_backend(request, obj):
+            fields.insert(fields.index("module") + 1, "backend_shown")
+        return fields
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.mark_backend_down)
+        view.model_admin = self  # the input guard checks its query as any page's of this admin
+        return [path("mark-down/", view, name="cleanup_modulehealth_mark_down"), *super().get_urls()]
 
     def changelist_view(self, request, extra_context=None):
         # Every registered module is listed, so that one never seen failing can be marked down too.
         ModuleHealth.objects.bulk_create([ModuleHealth(module=m) for m in registry.modules()], ignore_conflicts=True)
-        return super().changelist_view(request, extra_context)
+        extra = {"unseen": self.unseen_backends(request), "can_mark": self.has_cleanup_run_permission(request)}
+        return super().changelist_view(request, {**extra, **(extra_context or {})})
+
+    def unseen_backends(self, request):
+        """The backends of the known modules that hold unresolved rows but have no health row
+        yet (never seen failing: up), as the list's filters and search would narrow them."""
+        if request.GET.get("state__exact") == ModuleState.DOWN:
+            return []
+        wanted = request.GET.get("backend")
+        search = request.GET.get("q", "").strip().lower()
+        unseen = []
+        for healths in outages.backends_of(outages.known_modules()).values():
+            for health in healths:
+                if health.pk is not None or not health.backend:
+                    continue
+                if wanted and wanted != health.backend:
+                    continue
+                if search and search not in health.module.lower() and search not in health.backend.lower():
+                    continue
+                health.mark_down_link = mark_down_link(health.module, health.backend)
+                unseen.append(health)
+        return sorted(unseen, key=lambda h: (h.module, h.backend))
 
     @admin.display(description="state", ordering="state")
     def state_shown(self, obj):
@@ -77,6 +129,12 @@ class ModuleHealthAdmin(PersonActionsAdmin):
             return "-"
         return format_html('<span title="{}">{}</span>', obj.last_error, truncatechars(obj.last_error, ERROR_CHARS))
 
+    @admin.display(description="boot id")
+    def boot(self, obj):
+        if not obj.boot_id:
+            return "-"
+        return format_html('<span title="{}">{}</span>', obj.boot_id, truncatechars(obj.boot_id, BOOT_CHARS))
+
     @admin.display(description="next probe")
     def next_probe(self, obj):
         return when(obj.next_probe_at) if obj.state == ModuleState.DOWN else "-"
@@ -89,58 +147,122 @@ class ModuleHealthAdmin(PersonActionsAdmin):
     def updated(self, obj):
         return when(obj.updated_at)
 
+    @admin.display(description="health last asked")
+    def watched(self, obj):
+        return when(obj.watched_at)
+
     @admin.display(description="its work shows")
     def waiting(self, obj):
         return obj.waiting_text() if obj.state == ModuleState.DOWN else "-"
 
     @admin.action(permissions=["cleanup_run"], description="Mark down… (its work waits, spending no attempts)")
     def mark_down(self, request, queryset):
-        """Asks for the reason first (an intermediate page), then marks each selected module down."""
-        modules = list(queryset.order_by("module"))
+        """Asks for the reason first (an intermediate page), then marks each selected backend down."""
+        healths = list(queryset.order_by("module", "backend"))
         form = MarkDownForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            context = {
-                **self.admin_site.each_context(request),
-                "opts": self.model._meta,
-                "modules": modules,
-                "form": form,
-                "title": "Mark modules down",
-            }
-            return TemplateResponse(request, "admin/cleanup/modulehealth/mark_down.html", context)
+            return self.ask_reason(request, healths, form)
         reason = form.cleaned_data["reason"]
-        changed = [h for h in modules if outages.mark_down(h.module, by=actor(request), reason=reason)]
-        for health in changed:
-            self.log_change(request, health, f"Marked down: {reason}")
-        self._report(request, changed, modules, "down")
+        changed = [
+            h for h in healths if outages.mark_down(h.module, backend=h.backend, by=actor(request), reason=reason)
+        ]
+        self.record(request, changed, f"Marked down: {reason}")
+        self._report(request, changed, healths, "down")
         return None
 
     @admin.action(permissions=["cleanup_run"], description="Mark up (its waiting work resumes)")
     def mark_up(self, request, queryset):
-        modules = list(queryset.order_by("module"))
-        changed = [h for h in modules if outages.mark_up(h.module, by=actor(request))]
-        for health in changed:
-            self.log_change(request, health, "Marked up")
-        self._report(request, changed, modules, "up")
+        healths = list(queryset.order_by("module", "backend"))
+        changed = [h for h in healths if outages.mark_up(h.module, backend=h.backend, by=actor(request))]
+        self.record(request, changed, "Marked up")
+        self._report(request, changed, healths, "up")
         return None
 
-    def _report(self, request, changed, modules, state):
+    def mark_backend_down(self, request):
+        """Mark one backend down by its module and name, whether or not it has a health row yet.
+
+        ``?module=sandbox&backend=north`` (``backend`` empty for a module's only backend):
+        asks for the reason, then `outages.mark_down`, which makes the row of a backend
+        never seen.
+        """
+        if not (self.has_view_permission(request) and self.has_cleanup_run_permission(request)):
+            raise PermissionDenied
+        module = request.GET.get("module", "")
+        backend = request.GET.get("backend", "")
+        if backend == ONLY_BACKEND:
+            backend = ""
+        back = reverse("admin:cleanup_modulehealth_changelist")
+        if not outages.module_known(module):
+            self.message_user(request, f"No module is named {module[:100]!r}; nothing changed.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        if not calls.backend_name_ok(backend):
+            self.message_user(
+                request,
+                f"{backend[:100]!r} is not a backend's name (text of at most {calls.MAX_BACKEND} characters, "
+                "without '/'); nothing changed.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(back)
+        existing = ModuleHealth.objects.filter(module=module, backend=backend).first()
+        health = existing or ModuleHealth(module=module, backend=backend)
+        form = MarkDownForm(request.POST if request.method == "POST" else None)
+        if not form.is_valid():
+            return self.ask_reason(request, [health], form, one=True)
+        reason = form.cleaned_data["reason"]
+        changed = outages.mark_down(module, backend=backend, by=actor(request), reason=reason)
+        health = ModuleHealth.objects.get(module=module, backend=backend)
+        self.record(request, [health] if changed else [], f"Marked down: {reason}")
+        self._report(request, [health] if changed else [], [health], "down")
+        return HttpResponseRedirect(back)
+
+    def ask_reason(self, request, healths, form, one=False):
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "modules": healths,
+            "form": form,
+            "one": one,
+            "fleet": any(h.backend for h in healths),
+            "title": f"Mark {healths[0].name} down" if one else "Mark modules down",
+        }
+        return TemplateResponse(request, "admin/cleanup/modulehealth/mark_down.html", context)
+
+    def record(self, request, healths, message):
+        """The admin's recent actions: each backend changed, named as it now stands ("sandbox/north: down")."""
+        for health in healths:
+            health.refresh_from_db()
+            self.log_change(request, health, message)
+
+    def _report(self, request, changed, healths, state):
         if changed:
-            names = ", ".join(h.module for h in changed)
+            names = ", ".join(h.name for h in changed)
             self.message_user(request, f"Marked {state}: {names}.", messages.SUCCESS)
-        unchanged = [h.module for h in modules if h not in changed]
+        changed_keys = {(h.module, h.backend) for h in changed}
+        unchanged = [h.name for h in healths if (h.module, h.backend) not in changed_keys]
         if unchanged:
             self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.", messages.WARNING)
 
 
+def mark_down_link(module, backend):
+    return reverse("admin:cleanup_modulehealth_mark_down") + "?" + urlencode({"module": module, "backend": backend})
+
+
 @admin.register(ModuleEvent)
-class ModuleEventAdmin(ReadOnlyAdmin):
-    """The modules' log: each time one went down, came back, or its waiting work was given up."""
+class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):
+    """The modules' log: each time a backend went down, came back, or its waiting work was given up."""
 
     list_display = ["logged", "module", "kind", "by", "error", "alerted"]
-    list_filter = ["kind", "module"]
+    list_filter = ["kind", "module", BackendFilter]
     ordering = ["-at", "-id"]
+    backend_after = "module"
     fields = ["module", "kind", "logged", "by", "error", "alerted", "detail"]
-    readonly_fields = fields
+    readonly_fields = [*fields, "backend_shown"]
+
+    def get_fields(self, request, obj=None):
+        fields = list(self.fields)
+        if self.shows_backend(request, obj):
+            fields.insert(fields.index("module") + 1, "backend_shown")
+        return fields
 
     @admin.display(description="at", ordering="at")
     def logged(self, obj):

@@ -15,6 +15,8 @@ from ..conf import max_revert_attempts
 from ..manual import waive
 from ..models import Resource, ResourceState, Run
 from .lists import (
+    BackendColumnMixin,
+    BackendFilter,
     KindFilter,
     ModuleFilter,
     NeedsFilter,
@@ -43,10 +45,11 @@ class WaiveForm(forms.Form):
 
 
 @admin.register(Resource)
-class ResourceAdmin(PersonActionsAdmin):
+class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
     list_display = ["ref_short", "state", "attempt", "error", "run_name"]
     list_display_links = ["ref_short"]
-    list_filter = [NeedsFilter, "state", ModuleFilter, KindFilter, "run__cleanup_status"]
+    list_filter = [NeedsFilter, "state", ModuleFilter, BackendFilter, KindFilter, "run__cleanup_status"]
+    backend_after = "state"
     search_fields = ["ref"]
     list_select_related = ["run"]
     ordering = ["-id"]
@@ -77,6 +80,7 @@ class ResourceAdmin(PersonActionsAdmin):
         "run_name",
         "step",
         "module",
+        "backend_shown",
         "kind",
         "ref",
         "member_key",
@@ -96,9 +100,14 @@ class ResourceAdmin(PersonActionsAdmin):
     ]
 
     def get_fieldsets(self, request, obj=None):
+        fieldsets = self.fieldsets
         if obj is not None and obj.state != ResourceState.WAIVED:
-            return [f for f in self.fieldsets if f[0] != "Waiver"]
-        return self.fieldsets
+            fieldsets = [f for f in fieldsets if f[0] != "Waiver"]
+        if self.shows_backend(request, obj):
+            main = fieldsets[0][1]["fields"]
+            at = main.index("module") + 1
+            fieldsets = [(None, {"fields": [*main[:at], "backend_shown", *main[at:]]}), *fieldsets[1:]]
+        return fieldsets
 
     @admin.display(description="ref", ordering="ref")
     def ref_short(self, obj):

@@ -23,6 +23,8 @@ from ..plan import WAITING, cleanup_plan
 from ..runner import RunStateError, cancel_run
 from ..sweep import CleanupRefused
 from .lists import (
+    BackendColumnMixin,
+    BackendFilter,
     LogKindFilter,
     PersonActionsAdmin,
     ReadOnlyAdmin,
@@ -32,6 +34,7 @@ from .lists import (
     mark_steps_waiting,
     mark_waiting,
     run_link,
+    site_backends,
     when,
 )
 
@@ -119,7 +122,16 @@ class RunAdmin(PersonActionsAdmin):
         mark_waiting(rows, max_attempts)
         steps = list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS])
         mark_steps_waiting(steps)
-        counts = dict(Resource.objects.filter(run=run).order_by().values_list("state").annotate(n=Count("id")))
+        by_state_and_backend = (
+            Resource.objects.filter(run=run).order_by().values_list("state", "backend").annotate(n=Count("id"))
+        )
+        counts, backends = {}, {}
+        for state, backend, n in by_state_and_backend:
+            counts[state] = counts.get(state, 0) + n
+            backends[backend] = backends.get(backend, 0) + n
+        fleet = bool(
+            site_backends(request) or any(backends) or any(s.backend for s in steps) or any(r.backend for r in rows)
+        )
         # ?live=1 also reads each leased target through its lease, under the lease's budget.
         plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=request.GET.get("live") == "1")
         return {
@@ -127,6 +139,14 @@ class RunAdmin(PersonActionsAdmin):
             "rows": rows,
             "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
             "row_total": sum(counts.values()),
+            "fleet": fleet,
+            "row_backends": [
+                (backend, n, filtered("resource", run__id__exact=run.pk, backend=backend))
+                for backend, n in sorted(backends.items())
+                if backend
+            ]
+            if fleet
+            else [],
             "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
             "steps": steps,
             "step_total": Step.objects.filter(run=run).count(),
@@ -260,9 +280,10 @@ class RunAdmin(PersonActionsAdmin):
 
 
 @admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
+class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):
     list_display = ["position", "action_id", "status", "attempts", "error", "run_name", "finished"]
-    list_filter = ["status"]
+    list_filter = ["status", BackendFilter]
+    backend_after = "action_id"
     list_select_related = ["run"]
     ordering = ["run_id", "position"]
     fields = [
@@ -277,7 +298,13 @@ class StepAdmin(ReadOnlyAdmin):
         "finished",
         "idempotency_key",
     ]
-    readonly_fields = fields
+    readonly_fields = [*fields, "backend_shown"]
+
+    def get_fields(self, request, obj=None):
+        fields = list(self.fields)
+        if self.shows_backend(request, obj):
+            fields.insert(fields.index("action_id") + 1, "backend_shown")
+        return fields
 
     @admin.display(description="last error")
     def error(self, obj):

@@ -99,8 +99,12 @@ class ReconcileSerializer(StrictSerializer):
 # -- out ------------------------------------------------------------------------------
 
 
+BACKEND_HELP = "Which of its module's backends it acts on; \"\" for a module's only backend."
+
+
 class StepSerializer(serializers.ModelSerializer):
     action = serializers.CharField(source="action_id")
+    backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
 
     class Meta:
         model = Step
@@ -108,6 +112,7 @@ class StepSerializer(serializers.ModelSerializer):
             "id",
             "position",
             "action",
+            "backend",
             "params",
             "idempotency_key",
             "status",
@@ -148,18 +153,19 @@ class RunDetailSerializer(RunSerializer):
 
 
 class WaitingListSerializer(serializers.ListSerializer):
-    """Reads the down modules of a whole page in one query, for the rows' ``waiting``."""
+    """Reads the down backends of a whole page in one query, for the rows' ``waiting``."""
 
     def to_representation(self, data):
         rows = list(data.all() if hasattr(data, "all") else data)
-        self.context["waiting"] = outages.waiting_reasons({r.module for r in rows}) if rows else {}
+        self.context["waiting"] = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
         return super().to_representation(rows)
 
 
 class ResourceSerializer(serializers.ModelSerializer):
+    backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     waiting = serializers.SerializerMethodField(
-        help_text='Why the sweep does not try the row now: "waiting: <module> is down since <time> (<error>)"; '
-        "null unless its module is down."
+        help_text='Why the sweep does not try the row now: "waiting: <module>[/<backend>] is down since <time> '
+        '(<error>)"; null unless its own backend is down.'
     )
 
     class Meta:
@@ -169,6 +175,7 @@ class ResourceSerializer(serializers.ModelSerializer):
             "run",
             "step",
             "module",
+            "backend",
             "action",
             "kind",
             "ref",
@@ -193,34 +200,62 @@ class ResourceSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(NULLABLE_TEXT)
     def get_waiting(self, row):
+        key = (row.module, row.backend)
         reasons = self.context.get("waiting")
         if reasons is None:
-            reasons = outages.waiting_reasons([row.module])
-        reason = reasons.get(row.module)
+            reasons = outages.waiting_reasons([key])
+        reason = reasons.get(key)
         return reason if reason and outages.row_waits(row, max_revert_attempts()) else None
 
 
-class ModuleHealthSerializer(serializers.Serializer):
+class BackendHealthSerializer(serializers.Serializer):
     module = serializers.CharField()
+    backend = serializers.CharField(help_text='The backend; "" for the module\'s only backend.')
+    name = serializers.CharField(help_text='How people read it: "sandbox/north", or the module alone for "".')
     registered = serializers.BooleanField(help_text="Whether a module of this name is installed now.")
     state = serializers.ChoiceField(choices=["up", "down"])
     since = serializers.DateTimeField(allow_null=True, help_text="When it went down; null while up.")
-    last_error = serializers.CharField(help_text="The last answer that blamed its backend, or a person's reason.")
+    last_error = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
     failures_in_row = serializers.IntegerField(help_text="Answers in a row that blamed the backend.")
     next_probe_at = serializers.DateTimeField(allow_null=True, help_text="While down: when it is probed next.")
     changed_by = serializers.CharField(help_text='Who marked it last: "engine", "probe" or a person.')
+    boot_id = serializers.CharField(help_text='The boot id its health() last answered; "" when none was.')
     waiting = serializers.CharField(allow_null=True, help_text="What its waiting work shows; null while up.")
 
 
+class ModuleHealthSerializer(serializers.Serializer):
+    """A module: the fields of its only backend ``""`` (as before backends), and every backend."""
+
+    module = serializers.CharField()
+    registered = serializers.BooleanField(help_text="Whether a module of this name is installed now.")
+    state = serializers.ChoiceField(choices=["up", "down"], help_text='Of its backend "".')
+    since = serializers.DateTimeField(allow_null=True, help_text='When its backend "" went down; null while up.')
+    last_error = serializers.CharField(help_text='The last answer that blamed its backend "", or a person\'s reason.')
+    failures_in_row = serializers.IntegerField(help_text='Answers in a row that blamed its backend "".')
+    next_probe_at = serializers.DateTimeField(allow_null=True, help_text='While "" is down: when it is probed next.')
+    changed_by = serializers.CharField(help_text='Who marked its backend "" last: "engine", "probe" or a person.')
+    boot_id = serializers.CharField(help_text='The boot id its backend "" last answered.')
+    waiting = serializers.CharField(allow_null=True, help_text='What the work of "" shows; null while up.')
+    backends = BackendHealthSerializer(
+        many=True,
+        help_text='Each backend with a health row or unresolved ledger rows, "" first; each is marked down, up and '
+        "reconciled on its own (modules/{name}/backends/{backend}/...).",
+    )
+
+
 class ModuleEventSerializer(serializers.ModelSerializer):
+    backend = serializers.CharField(read_only=True, help_text='The backend; "" for the module\'s only backend.')
+
     class Meta:
         model = ModuleEvent
-        fields = ["id", "module", "kind", "detail", "at", "alerted_at"]
+        fields = ["id", "module", "backend", "kind", "detail", "at", "alerted_at"]
         read_only_fields = fields
 
 
 class ModuleDownSerializer(serializers.Serializer):
     module = serializers.CharField()
+    backend = serializers.CharField(help_text='"" for the module\'s only backend.')
+    name = serializers.CharField(help_text='"sandbox/north", or the module alone.')
     since = serializers.DateTimeField(allow_null=True)
     last_error = serializers.CharField()
     waiting = serializers.CharField()
@@ -243,6 +278,10 @@ class ReconcileQueuedSerializer(serializers.Serializer):
     module = serializers.CharField()
     restarted = serializers.BooleanField()
     queued = serializers.BooleanField()
+
+
+class BackendReconcileQueuedSerializer(ReconcileQueuedSerializer):
+    backend = serializers.CharField(help_text="The one backend whose rows are reconciled.")
 
 
 class PlanLeaseSerializer(serializers.Serializer):
@@ -293,7 +332,7 @@ class ResourceCountsSerializer(serializers.Serializer):
 class SummarySerializer(serializers.Serializer):
     runs = RunCountsSerializer()
     resources = ResourceCountsSerializer()
-    modules_down = ModuleDownSerializer(many=True, help_text="Modules whose backend is down: their work waits.")
+    modules_down = ModuleDownSerializer(many=True, help_text="Each backend down, by module: its work waits.")
 
 
 class DetailSerializer(serializers.Serializer):

@@ -24,5 +24,18 @@ urlpatterns = [
     path("modules/<str:name>/up/", module_views.ModuleUpView.as_view(), name="events-module-up"),
     path("modules/<str:name>/log/", module_views.ModuleOneLogView.as_view(), name="events-module-log"),
     path("modules/<str:name>/reconcile/", views.ModuleReconcileView.as_view(), name="events-module-reconcile"),
+    path(
+        "modules/<str:name>/backends/<str:backend>/down/",
+        module_views.BackendDownView.as_view(),
+        name="events-backend-down",
+    ),
+    path(
+        "modules/<str:name>/backends/<str:backend>/up/", module_views.BackendUpView.as_view(), name="events-backend-up"
+    ),
+    path(
+        "modules/<str:name>/backends/<str:backend>/reconcile/",
+        views.BackendReconcileView.as_view(),
+        name="events-backend-reconcile",
+    ),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
 ]

@@ -1,6 +1,7 @@
 """One view per endpoint, each a few lines over the engine (see `cleanup.api`).
 
-May import: the engine's entry points, the models, `tasks` for queueing, the API's own modules.
+May import: the engine's entry points, the models, `calls` (a backend's name), `tasks` for
+queueing, the API's own modules.
 """
 
 from django.db.models import Count, Q
@@ -15,6 +16,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ..calls import MAX_BACKEND, backend_name_ok
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
 from ..plan import cleanup_plan
@@ -87,6 +89,31 @@ def by_choices(queryset, params, **fields):
     return queryset
 
 
+BAD_BACKEND = (
+    f"not a backend's name: a backend is text of at most {MAX_BACKEND} characters, "
+    "without '/' or NUL, and without spaces at either end"
+)
+
+
+def backend_checked(backend, field="backend"):
+    """``backend`` when it can be a backend's name (`cleanup.calls.backend_name_ok`), else 400."""
+    if not backend_name_ok(backend):
+        raise ValidationError({field: [BAD_BACKEND]})
+    return backend
+
+
+def by_backend(queryset, params):
+    """``queryset`` narrowed to ``?backend=`` (empty: a module's only backend), when given.
+
+    As the ``module`` filter: a name no backend can have (a NUL, which PostgreSQL refuses in
+    a query, a '/') matches nothing; the answer is an empty list, not an error.
+    """
+    if "backend" not in params:
+        return queryset
+    backend = params["backend"]
+    return queryset.filter(backend=backend) if backend_name_ok(backend) else queryset.none()
+
+
 # -- the schema's shared parts ----------------------------------------------------------
 
 FIELD_ERRORS = OpenApiResponse(
@@ -110,6 +137,21 @@ def errors(*codes):
 
 def choice_param(name, choices, description):
     return OpenApiParameter(name, str, enum=list(choices.values), description=description)
+
+
+BACKEND_PARAM = OpenApiParameter(
+    "backend",
+    str,
+    description='Only those of this backend ("" for a module\'s only backend); '
+    "a name no backend can have matches nothing.",
+)
+BACKEND_PATH = OpenApiParameter(
+    "backend",
+    str,
+    OpenApiParameter.PATH,
+    description=f"The backend's name (text without '/', at most {MAX_BACKEND} characters); "
+    "400 for a name no backend can have.",
+)
 
 
 # -- runs -----------------------------------------------------------------------------
@@ -243,7 +285,7 @@ class RunCleanupPlanView(EventsAPI, APIView):
 @extend_schema(
     tags=["runs"],
     summary="A run's ledger rows",
-    parameters=[choice_param("state", ResourceState, "Only rows in this state.")],
+    parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
 class RunResourcesView(EventsAPI, generics.ListAPIView):
@@ -255,7 +297,7 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
         rows = run.resources.select_related("run").order_by("id")
-        return by_choices(rows, self.request.query_params, state=ResourceState)
+        return by_backend(by_choices(rows, self.request.query_params, state=ResourceState), self.request.query_params)
 
 
 @extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
@@ -278,6 +320,7 @@ class RunLogView(EventsAPI, generics.ListAPIView):
     parameters=[
         choice_param("state", ResourceState, "Only rows in this state."),
         OpenApiParameter("module", str, description="Only rows of this module."),
+        BACKEND_PARAM,
         OpenApiParameter(
             "run", {"type": "integer", "minimum": 1, "maximum": MAX_ID}, description="Only rows of this run."
         ),
@@ -296,6 +339,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
         if "module" in params:
             # No row can hold a NUL, and PostgreSQL refuses one in a query.
             rows = rows.none() if "\x00" in params["module"] else rows.filter(module=params["module"])
+        rows = by_backend(rows, params)
         if "run" in params:
             run = params["run"]
             if not (run.isdecimal() and 0 < int(run) <= MAX_ID):
@@ -346,21 +390,43 @@ class ResourceWaiveView(EventsAPI, APIView):
     responses={202: s.ReconcileQueuedSerializer, **errors(400, 404)},
 )
 class ModuleReconcileView(EventsAPI, APIView):
-    """Needs `cleanup.cleanup_run`. Queues the reconcile; rows the module no longer has
-    become `orphaned`. A module neither registered nor owning ledger rows answers 404."""
+    """Needs `cleanup.cleanup_run`. Queues the reconcile of every backend of the module; rows
+    the module no longer has become `orphaned`. A module neither registered nor owning
+    ledger rows answers 404."""
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name):
+    def post(self, request, name, backend=None):
         body = s.ReconcileSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        if backend is not None:
+            backend_checked(backend)
         # Checked here because the reconcile itself runs later, in a worker.
         if not module_known(name):
             raise NotFound()
         restarted = body.validated_data["restarted"]
-        queue_reconcile(module=name, restarted=restarted)
+        queue_reconcile(module=name, restarted=restarted, backend=backend)
         answer = {"module": name, "restarted": restarted, "queued": True}
-        return Response(s.ReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+        if backend is None:
+            return Response(s.ReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+        answer["backend"] = backend
+        return Response(s.BackendReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(
+    tags=["modules"],
+    summary="Ask one backend of a module which of its ledgered resources are still in the world",
+    request=s.ReconcileSerializer,
+    parameters=[BACKEND_PATH],
+    responses={202: s.BackendReconcileQueuedSerializer, **errors(400, 404)},
+)
+class BackendReconcileView(ModuleReconcileView):
+    """Needs `cleanup.cleanup_run`. Queues the reconcile of that backend's rows alone
+    (`"restarted": true` as after its restart: its recently given-back rows too). A module
+    neither registered nor owning ledger rows answers 404; a name no backend can have, 400."""
+
+    def post(self, request, name, backend):
+        return super().post(request, name, backend)
 
 
 def counts(queryset, field, choices):
@@ -391,8 +457,15 @@ class SummaryView(EventsAPI, APIView):
                 "unresolved": sum(by_state[state] for state in UNRESOLVED),
             },
             "modules_down": [
-                {"module": h.module, "since": h.down_since, "last_error": h.last_error, "waiting": h.waiting_text()}
-                for h in ModuleHealth.objects.down().order_by("module")
+                {
+                    "module": h.module,
+                    "backend": h.backend,
+                    "name": h.name,
+                    "since": h.down_since,
+                    "last_error": h.last_error,
+                    "waiting": h.waiting_text(),
+                }
+                for h in ModuleHealth.objects.down().order_by("module", "backend")
             ],
         }
         return Response(s.SummarySerializer(answer).data)
