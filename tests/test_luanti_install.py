@@ -135,3 +135,15 @@ def test_what_the_mod_writes_is_read_back_as_it_was_meant():
         "present": [],
         "n": [1],
     }
+
+
+def test_the_luanti_demo_says_how_to_install_the_server_when_it_is_missing(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from eventsite.luanti import demo
+
+    said, stopped = [], []
+    fake = SimpleNamespace(say=said.append, stop_all=lambda: stopped.append(True))
+    monkeypatch.setattr(demo, "BINARY", tmp_path / "minetestserver")
+    demo.main(fake, tmp_path, "password")
+    assert stopped and any("apt-get install minetest-server" in line for line in said), said
