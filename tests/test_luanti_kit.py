@@ -29,3 +29,15 @@ def test_the_leases_keep_the_contract_through_a_real_outage(luanti_server, lease
     with luanti_server.settings():
         report = testing.run_lease_checks(lease, "default", value, outage=luanti_server.down)
     assert report.ok, lines(report)
+
+
+def test_check_module_checks_the_module_from_a_shell_without_its_outage(luanti_server, capsys):
+    from django.core.management import call_command
+
+    with luanti_server.settings():
+        call_command(
+            "check_module", "luanti.spawn", "--params", '{"entity": "wolf", "count": 2, "at": [0, 8, 0]}', "--no-outage"
+        )
+        call_command("check_module", "luanti.time_speed", "--target", "default", "--value", "150", "--no-outage")
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "all" in out, out
