@@ -118,6 +118,7 @@ INSTALLED_APPS = [
     "django_q",
     "cleanup",
     "eventsite.sandbox",
+    "eventsite.luanti",
     "eventsite.bench",
 ]
 
@@ -340,3 +341,9 @@ Q_CLUSTER = {
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
 # Each request the sandbox module makes (connect, send and read, each).
 SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)
+
+# The Luanti module (eventsite/luanti, docs/luanti.md): the world directory of each server,
+# `name=world_dir` pairs, comma-separated (a lone bare world_dir is the backend "").
+LUANTI_WORLDS = os.environ.get("LUANTI_WORLDS", "")
+LUANTI_TIMEOUT_MS = env_int("LUANTI_TIMEOUT_MS", 10000)
+LUANTI_HEARTBEAT_STALE_S = env_float("LUANTI_HEARTBEAT_STALE_S", 5.0, 1.0, 3600.0)
