@@ -79,6 +79,7 @@ def test_a_bad_item_is_refused_naming_it(text, named):
     assert named in str(refused.value)
 
 
+@pytest.mark.slow  # a Python process reads the settings
 def test_the_site_refuses_bad_shards_at_start_naming_the_item(tmp_path):
     env = {**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "SANDBOX_SHARDS": "north=http://a:1,south"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -94,6 +95,7 @@ def test_the_site_refuses_bad_shards_at_start_naming_the_item(tmp_path):
     assert "ImproperlyConfigured: SANDBOX_SHARDS: 'south' is not a name=url pair" in result.stderr
 
 
+@pytest.mark.slow  # a Python process reads the settings
 def test_the_site_reads_its_shards_from_the_environment(tmp_path):
     env = {
         **os.environ,
