@@ -25,6 +25,15 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(autouse=True)
+def fresh_watch():
+    """Each test's first tick watches the backends, as a process's first tick does."""
+    from cleanup import runner
+
+    runner._last_watch["at"] = None
+    yield
+
+
+@pytest.fixture(autouse=True)
 def isolated_registry():
     """Each test registers its own modules; the site's registrations come back after it."""
     actions, leases = dict(registry._actions), dict(registry._leases)

@@ -31,18 +31,18 @@ def test_each_failed_row_carries_the_reason_the_module_gave_for_it():
 
     assert states(run)["wolf-3"] == "reverted"
     assert errors(run) == {
-        "wolf-1": "test.spawn could not give back wolf-1: refused: the wolf is in combat",
-        "wolf-2": "test.spawn could not give back wolf-2: not tamed yet",
+        "wolf-1": "refused: the wolf is in combat (test.spawn could not give back wolf-1)",
+        "wolf-2": "not tamed yet (test.spawn could not give back wolf-2)",
         "wolf-3": "",
     }
     attempt = Attempt.objects.get(resource__ref="wolf-2")
-    assert (attempt.outcome, attempt.error) == ("failed", "test.spawn could not give back wolf-2: not tamed yet")
+    assert (attempt.outcome, attempt.error) == ("failed", "not tamed yet (test.spawn could not give back wolf-2)")
     entry = run.log.get(kind="cleanup.failed")
     assert entry.detail["failed"] == ["wolf-1", "wolf-2"]
     assert entry.detail["reasons"] == {"wolf-1": "refused: the wolf is in combat", "wolf-2": "not tamed yet"}
 
 
-def test_a_failed_list_names_only_the_rows_own_ref():
+def test_a_failed_list_gives_each_row_its_own_error_without_the_others_refs():
     registry.register_action(FakeAction(revert=Scripted({"ok": True, "failed": ["orc-1", "orc-2"]})))
     run = make_run()
     make_rows(make_step(run), ["orc-1", "orc-2", "orc-3"])
@@ -98,7 +98,7 @@ def test_a_reason_is_kept_as_text_the_ledger_can_store():
 
     error = errors(run)["orc-1"]
     assert "\x00" not in error and "nul\\x00here" in error
-    assert len(error) < 600 and error.endswith("…")
+    assert len(error) < 600 and "…" in error
 
 
 def test_a_reconcile_leaves_the_refs_it_cannot_tell_about_and_settles_the_rest():

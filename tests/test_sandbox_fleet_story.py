@@ -187,6 +187,6 @@ def test_each_row_the_shard_refused_says_why(fleet):
     refused = list(rows(hunts["north"]))
     assert {(r.state, r.retryable, r.backend) for r in refused} == {("failed", True, "north")}
     for row in refused:
-        assert row.last_error == f"sandbox.spawn could not give back {row.ref}: refused: the wolf is in combat"
+        assert row.last_error == f"refused: the wolf is in combat (sandbox.spawn could not give back {row.ref})"
     assert states(hunts["south"]) == {"reverted"} and creatures(south) == []
     assert outages.down_backends() == set(), "a refusal is about the row, not the shard"

@@ -154,7 +154,7 @@ def _attempts(result, held, now, by):
         elif result.blamed is not None and verdict.outcome != Outcome.DONE:
             outcome = AttemptOutcome.UNAVAILABLE  # counted; forgiven if the module is found down after it
         if verdict.outcome == Outcome.DONE and row.ref in verdict.failed and row.kind != STEP_KIND:
-            outcome, error = AttemptOutcome.FAILED, not_given_back(result.what, row.ref, verdict)
+            outcome, error = AttemptOutcome.FAILED, not_given_back(result.what, row, verdict)
         yield Attempt(
             resource_id=row.pk,
             run_id=row.run_id,
@@ -202,7 +202,7 @@ def _values(result, row, summary, now):
     if verdict.outcome == Outcome.DONE:
         if row.ref in verdict.failed and row.kind != STEP_KIND:
             summary.failed += 1
-            error = not_given_back(result.what, row.ref, verdict)
+            error = not_given_back(result.what, row, verdict)
             return {
                 "state": ResourceState.FAILED,
                 "last_error": error,
@@ -241,10 +241,12 @@ def _values(result, row, summary, now):
     }
 
 
-def not_given_back(what, ref, verdict):
-    """A failed row's own error: its ref, and the module's reason for it when it gave one."""
-    reason = verdict.reasons.get(ref)
-    return f"{what} could not give back {ref}: {reason}" if reason else f"{what} could not give back {ref}"
+def not_given_back(what, row, verdict):
+    """A failed row's own error: the module's reason for it first, when it gave one, as
+    what a person reads to decide what to do (a list shows the start of it)."""
+    reason = verdict.reasons.get(row.ref)
+    said = f"{what} could not give back {row.ref}"
+    return f"{reason} ({said})" if reason else said
 
 
 def _retry_at(row, now):
