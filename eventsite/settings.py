@@ -1,6 +1,7 @@
 """Settings for the example site, read from the environment (docs/settings.md lists them).
-Imports the standard library, dj-database-url and Django's exceptions, and `cleanup.conf`
-for the names of the engine's settings: their defaults live there, not here.
+Imports the standard library, dj-database-url and Django's exceptions, `cleanup.conf`
+for the names of the engine's settings (their defaults live there, not here), and
+`eventsite.sandbox.fleet` (standard library only) to read ``SANDBOX_SHARDS``.
 
 Every value a deployment changes comes from an environment variable of the same name.
 The helpers below refuse values they cannot read, naming the variable, rather than
@@ -15,6 +16,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as engine_conf
+from eventsite.sandbox.fleet import BadShards, parse_shards
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("EVENTSITE_VAR_DIR", BASE_DIR / "var"))
@@ -338,7 +340,14 @@ Q_CLUSTER = {
     **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),
 }
 
+# The sandbox module's shards: SANDBOX_SHARDS, "name=url" pairs separated by commas
+# (north=http://127.0.0.1:7777,south=http://127.0.0.1:7778), each name a backend of the
+# module; when it is empty, a fleet of one, the shard at SANDBOX_SHARD_URL (backend "").
 SANDBOX_SHARD_URL = os.environ.get("SANDBOX_SHARD_URL", "http://127.0.0.1:7777")
+try:
+    SANDBOX_SHARDS = parse_shards(os.environ.get("SANDBOX_SHARDS", ""))
+except BadShards as exc:
+    raise ImproperlyConfigured(f"SANDBOX_SHARDS: {exc}") from None
 # Each request the sandbox module makes (connect, send and read, each).
 SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)
 

@@ -19,13 +19,15 @@ def free_port():
 
 class Demo:
     def __init__(self, var_dir, story):
-        self.web, self.shard = free_port(), free_port()
+        self.web, self.shard, self.shard2 = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.web}"
+        self.shards = {"north": f"http://127.0.0.1:{self.shard}", "south": f"http://127.0.0.1:{self.shard2}"}
         env = {
             **os.environ,
             "DEMO_STORY": "1" if story else "0",
             "DEMO_WEB_PORT": str(self.web),
             "DEMO_SHARD_PORT": str(self.shard),
+            "DEMO_SHARD2_PORT": str(self.shard2),
             "EVENTSITE_VAR_DIR": str(var_dir),
         }
         env.pop("DATABASE_URL", None)

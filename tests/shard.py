@@ -10,6 +10,10 @@ Use it by importing the fixtures into a test module::
     def test_other(shard_process):        # the process, with helpers
         shard_process.post("/faults", json={"down": "refuse"})
 
+    def test_fleet(shard_fleet):          # two processes, north and south, as one fleet
+        with shard_fleet.settings(): ...  # SANDBOX_SHARDS names both
+        shard_fleet["north"].post("/faults", json={"down": "refuse"})
+
 Each test gets its own process (started with ``--port 0 --save-every 0``: the system
 picks the port, and the world is saved only on ``POST /save``, so nothing in a test
 depends on timing), which is stopped after the test. `start_shard` starts one by hand,
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.test import override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTED = re.compile(r"listening on (?P<url>http://\S+) boot_id=(?P<boot_id>\S+)")
@@ -141,3 +146,36 @@ def shard_process():
 def shard(shard_process):
     """The base URL of a fresh shard process, e.g. ``http://127.0.0.1:40123``."""
     return shard_process.url
+
+
+class ShardFleet:
+    """Several shard processes by name, as ``SANDBOX_SHARDS`` names them."""
+
+    def __init__(self, processes):
+        self.processes = dict(processes)
+
+    def __getitem__(self, name):
+        return self.processes[name]
+
+    def __iter__(self):
+        return iter(self.processes)
+
+    @property
+    def shards(self):
+        """``{name: url}``, the value of ``SANDBOX_SHARDS``."""
+        return {name: process.url for name, process in self.processes.items()}
+
+    def setting(self):
+        """``SANDBOX_SHARDS`` as the environment gives it: ``north=http://…,south=http://…``."""
+        return ",".join(f"{name}={url}" for name, url in self.shards.items())
+
+    def settings(self, **more):
+        """``override_settings`` pointing the sandbox module at this fleet (and ``more``)."""
+        return override_settings(SANDBOX_SHARDS=self.shards, **more)
+
+
+@pytest.fixture
+def shard_fleet(shard_process):
+    """Two fresh shard processes, ``north`` (the test's `shard_process`) and ``south``."""
+    with start_shard() as south:
+        yield ShardFleet({"north": shard_process, "south": south})

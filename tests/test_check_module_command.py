@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from tests.shard import shard_process  # noqa: F401  (a pytest fixture)
+from tests.shard import shard_fleet, shard_process  # noqa: F401  (pytest fixtures)
 
 PARAMS = json.dumps({"creature": "orc", "count": 2, "at": "north-gate"})
 
@@ -69,7 +69,9 @@ def test_it_prints_what_failed_and_exits_non_zero(shard_process, tmp_path):  # n
         'FAIL reconcile after a revert reports nothing in force: expected {"ok": True, "in_force": []}; '
         "got still in force: [" in "\n".join(fail)
     )
-    assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 25 checks failed")
+    # 31 checks: the kit also checks backend_of, health() (up, its boot id, down) and the
+    # shape of `failed`, and says it skipped the refusal (the command cannot make one).
+    assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 31 checks failed")
 
 
 @pytest.mark.slow
@@ -95,6 +97,36 @@ def test_it_checks_a_lease_in_process(shard_process):  # noqa: F811
     assert lines[-1].startswith("lease sandbox.spawner_rate on 'orc-camp': all ")
 
 
+def test_it_checks_one_backend_of_a_fleet(shard_fleet):  # noqa: F811
+    out = StringIO()
+    params = json.dumps({"creature": "orc", "count": 2, "at": "north-gate", "shard": "south"})
+    with shard_fleet.settings():
+        call_command("check_module", "sandbox.spawn", "--params", params, "--backend", "south", stdout=out)
+        call_command(
+            "check_module",
+            "sandbox.spawner_rate",
+            "--target",
+            "south:orc-camp",
+            "--value",
+            "5",
+            "--backend",
+            "south",
+            stdout=out,
+        )
+    lines = out.getvalue().strip().splitlines()
+    assert "ok   health answers the backend's boot id, the same while it runs" in lines
+    assert "ok   with the backend down, health answers a failure with unavailable: true" in lines
+    assert any(line.startswith("action sandbox.spawn on backend 'south': all ") for line in lines)
+    assert lines[-1].startswith("lease sandbox.spawner_rate on 'south:orc-camp' on backend 'south': all ")
+    assert "POST /spawn" not in shard_fleet["north"].stderr()
+
+
+def test_it_names_a_backend_the_params_do_not_name(shard_fleet):  # noqa: F811
+    params = json.dumps({"creature": "orc", "count": 2, "at": "north-gate", "shard": "north"})
+    with shard_fleet.settings(), pytest.raises(CommandError, match="action sandbox.spawn on backend 'south': "):
+        call_command("check_module", "sandbox.spawn", "--params", params, "--backend", "south", stdout=StringIO())
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -102,6 +134,7 @@ def test_it_checks_a_lease_in_process(shard_process):  # noqa: F811
         (["sandbox.spawn", "--params", "[1]"], "--params must be a JSON object"),
         (["sandbox.spawner_rate", "--value", "5"], "sandbox.spawner_rate is a lease: give --target and --value"),
         (["atlantis.sink"], "no module registers an action or a lease 'atlantis.sink'"),
+        (["sandbox.spawn", "--backend", "north/1"], "--backend 'north/1': a backend's name is text"),
     ],
 )
 def test_it_refuses_bad_input_naming_it(args, message):

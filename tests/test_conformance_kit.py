@@ -2,13 +2,14 @@
 broken module breaks."""
 
 import contextlib
+import uuid
 
 import pytest
 from django.test import override_settings
 
 from cleanup import registry, testing
 from tests.kit_modules import module as kit
-from tests.shard import shard_process  # noqa: F401  (a pytest fixture)
+from tests.shard import shard_fleet, shard_process  # noqa: F401  (pytest fixtures)
 
 PARAMS = {"creature": "orc", "count": 3, "at": "north-gate"}
 
@@ -31,8 +32,26 @@ def shard_down(process):
     return down
 
 
+def stuck(process):
+    """A refusal: while it lasts the shard refuses to despawn the creatures named."""
+
+    @contextlib.contextmanager
+    def refuse(refs):
+        process.post("/faults", json={"stuck": list(refs)})
+        try:
+            yield
+        finally:
+            process.delete("/faults")
+
+    return refuse
+
+
 def failed(report):
     return {c.name for c in report.failures}
+
+
+def statuses(report):
+    return {c.name: c.status for c in report.checks}
 
 
 def event_creatures(process):
@@ -180,3 +199,139 @@ def test_validate_must_name_the_field_it_refuses():
 
     check = next(c for c in report.checks if c.name == "validate names the bad field (count)")
     assert check.failed and "does not name count" in check.got
+
+
+# -- backends, health() and per-ref reasons ------------------------------------------------
+
+
+@pytest.fixture
+def fleet(shard_fleet):  # noqa: F811
+    with shard_fleet.settings():
+        yield shard_fleet
+
+
+def test_it_checks_one_backend_of_a_fleet_with_its_health_and_its_reasons(fleet):
+    north, south = fleet["north"], fleet["south"]
+
+    report = testing.check_action(
+        "sandbox.spawn", {**PARAMS, "shard": "north"}, outage=shard_down(north), backend="north", refuse=stuck(north)
+    )
+
+    assert report.subject == "action sandbox.spawn on backend 'north'"
+    checks = statuses(report)
+    for name in (
+        "backend_of names the backend of the params",
+        "health answers ok while the backend is up",
+        "health answers the backend's boot id, the same while it runs",
+        "with the backend down, health answers a failure with unavailable: true",
+        "failed is a list of refs or an object of refs and reasons",
+        "revert names what the backend refused as failed and gives back the rest",
+        "revert says why for each ref it could not give back",
+    ):
+        assert checks[name] == "ok", name
+    assert event_creatures(north) == []
+    assert "POST /spawn" not in south.stderr(), "the kit called the other shard"
+
+
+def test_it_checks_a_lease_on_one_backend_with_the_modules_health(fleet):
+    report = testing.check_lease("sandbox.spawner_rate", "south:orc-camp", 5, backend="south")
+    assert report.subject == "lease sandbox.spawner_rate on 'south:orc-camp' on backend 'south'"
+    assert statuses(report)["health answers ok while the backend is up"] == "ok"
+    assert (
+        fleet["north"].get("/spawners/orc-camp").json()["rate"]
+        == fleet["south"].get("/spawners/orc-camp").json()["rate"]
+    )
+
+
+def test_it_fails_a_backend_the_params_do_not_name(fleet):
+    report = testing.run_action_checks(
+        registry.get_action("sandbox.spawn"), {**PARAMS, "shard": "north"}, backend="south"
+    )
+    check = next(c for c in report.failures if c.name == "backend_of names the backend of the params")
+    assert check.expected == "'south', the backend given" and check.got == "'north'"
+
+
+def test_without_a_backend_it_calls_the_one_the_params_name(fleet):
+    report = testing.run_action_checks(registry.get_action("sandbox.spawn"), {**PARAMS, "shard": "south"})
+    assert report.ok, report.lines()
+    assert report.subject == "action sandbox.spawn on backend 'south'"
+    assert "POST /spawn" not in fleet["north"].stderr()
+
+
+def test_it_fails_params_that_name_no_backend(fleet):
+    report = testing.run_action_checks(registry.get_action("sandbox.spawn"), PARAMS, outage=None)
+    check = next(c for c in report.failures if c.name == "backend_of names the backend of the params")
+    assert "this site has several: north, south" in check.got
+
+
+class RestlessHealth(kit.HonestSpawn):
+    """A boot id of its own making on every answer: every watch would look like a restart."""
+
+    def health(self, *, backend=""):
+        return {"ok": True, "boot_id": uuid.uuid4().hex}
+
+
+class QuietHealth(kit.HonestSpawn):
+    """Says the backend is down without saying unavailable: the engine reads it as an answer."""
+
+    def health(self, *, backend=""):
+        answer = super().health(backend=backend)
+        return {k: v for k, v in answer.items() if k != "unavailable"}
+
+
+def test_it_fails_a_health_whose_boot_id_changes_at_every_answer(on_shard):
+    report = testing.run_action_checks(RestlessHealth(), PARAMS, outage=None)
+    assert failed(report) == {"health answers the backend's boot id, the same while it runs"}
+
+
+def test_it_fails_a_health_that_does_not_say_unavailable_when_the_backend_is_down(on_shard):
+    report = testing.run_action_checks(QuietHealth(), PARAMS, outage=shard_down(on_shard))
+    assert failed(report) == {"with the backend down, health answers a failure with unavailable: true"}
+
+
+def test_a_module_without_health_is_told_what_it_misses(on_shard):
+    class NoHealth(kit.HonestSpawn):
+        health = None
+
+    report = testing.run_action_checks(NoHealth(), PARAMS, outage=None)
+    assert report.ok
+    line = next(line for line in report.lines() if "health" in line)
+    assert line.startswith("skip health answers ok while the backend is up: the module has no health()")
+
+
+class ReasonsByNumber(kit.HonestSpawn):
+    """Gives each refused ref a number instead of a reason."""
+
+    def revert(self, **kwargs):
+        answer = super().revert(**kwargs)
+        if answer.get("ok") and answer["failed"]:
+            return {"ok": True, "failed": {ref: 1 for ref in answer["failed"]}}
+        return answer
+
+
+class RefusedAsAList(kit.HonestSpawn):
+    """Names what was refused, but not why."""
+
+    def revert(self, **kwargs):
+        answer = super().revert(**kwargs)
+        return {"ok": True, "failed": list(answer["failed"])} if answer.get("ok") else answer
+
+
+def test_it_fails_failed_reasons_that_are_not_text(on_shard):
+    report = testing.run_action_checks(ReasonsByNumber(), PARAMS, outage=None, refuse=stuck(on_shard))
+    assert failed(report) == {
+        "failed is a list of refs or an object of refs and reasons",
+        "revert names what the backend refused as failed and gives back the rest",
+    }
+    assert event_creatures(on_shard) == []
+
+
+def test_a_revert_that_names_refused_refs_without_reasons_passes_and_is_told(on_shard):
+    report = testing.run_action_checks(RefusedAsAList(), PARAMS, outage=None, refuse=stuck(on_shard))
+    assert report.ok, report.lines()
+    assert statuses(report)["revert says why for each ref it could not give back"] == "skip"
+
+
+def test_it_skips_the_refusal_when_it_cannot_make_the_backend_refuse(on_shard):
+    report = testing.run_action_checks(kit.HonestSpawn(), PARAMS, outage=None)
+    assert statuses(report)["revert names what the backend refused as failed and gives back the rest"] == "skip"

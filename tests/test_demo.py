@@ -1,4 +1,5 @@
-"""`make demo` brings the shard, the cluster and the web server up, and stops them all."""
+"""`make demo` brings two shards (north and south), the cluster and the web server up, and
+stops them all; its story shows a shard's outage holding only its own work."""
 
 import os
 import re
@@ -41,19 +42,54 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
     demo = Demo(tmp_path, story=False)
     try:
         ready = demo.read_until("ready: admin", 120)
-        pids = {m[0]: int(m[1]) for m in re.findall(r"started (\w+) \(pid (\d+)\)", "".join(demo.lines))}
-        assert set(pids) == {"shard", "cluster", "web"}
+        demo.read_until("shards: north", 10)
+        pids = {m[0]: int(m[1]) for m in re.findall(r"started ([\w-]+) \(pid (\d+)\)", "".join(demo.lines))}
+        assert set(pids) == {"shard-north", "shard-south", "cluster", "web"}
         login = httpx.get(f"{demo.url}/admin/login/", timeout=5)
         assert login.status_code == 200 and "Django administration" in login.text
-        assert httpx.get(f"http://127.0.0.1:{demo.shard}/health", timeout=5).status_code == 200
+        boots = {httpx.get(f"{url}/health", timeout=5).json()["boot_id"] for url in demo.shards.values()}
+        assert len(boots) == 2, "two shards, each with its own boot"
         assert re.search(r"user demo\s+password \S{8,}", ready), ready
+        assert f"shards: north {demo.shards['north']}, south {demo.shards['south']}" in "".join(demo.lines)
     finally:
         rest = demo.stop()
 
-    assert "stopped cluster" in rest and "stopped web" in rest and "stopped shard" in rest
+    for name in ("cluster", "web", "shard-north", "shard-south"):
+        assert f"stopped {name}" in rest
     for name, pid in pids.items():
         assert not pid_alive(pid), f"{name} is still running after Ctrl-C"
         assert group_gone(pid), f"a process {name} started (a worker) is still running after Ctrl-C"
-    for port in (demo.web, demo.shard):
+    for port in (demo.web, demo.shard, demo.shard2):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers"
+
+
+@pytest.mark.timeout(400)
+def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
+    demo = Demo(tmp_path, story=True)
+    try:
+        demo.read_until("the story is told", 300)
+    finally:
+        demo.stop()
+    told = "".join(demo.lines)
+
+    def outcome(name):
+        found = re.search(rf"run \d+ {re.escape(name)}: (\w+), cleanup (\w+)", told)
+        assert found, f"no outcome for {name!r} in:\n{told}"
+        return found[1], found[2]
+
+    assert outcome("Wolf hunt (north; its wolves refuse to leave)") == ("completed", "incomplete")
+    assert outcome("Orc invasion (south; outlives its shard's outage)") == ("completed", "complete")
+    assert outcome("Border skirmish (south; ends during the outage)") == ("completed", "complete")
+    assert outcome("Ogre patrol (north; given back while south is down)") == ("completed", "complete")
+    assert outcome("Goblin night (south; cancelled)") == ("cancelled", "complete")
+    assert outcome("Festival boost to 3 (north)") == ("completed", "complete")
+    assert outcome("Festival boost to 5 (north; overlaps)") == ("completed", "complete")
+    assert "troll step: waiting: sandbox/south is down since" in told
+    # North's patrol was given back while south was still down, its skirmish's rows waiting.
+    patrol = re.search(
+        r"run \d+ \(north\): completed, cleanup complete; run \d+ \(south\): completed, cleanup pending", told
+    )
+    assert patrol, told
+    assert "north's orc-camp rate back to 1.0" in told
+    assert re.search(r"run \d+ waits for a person", told)

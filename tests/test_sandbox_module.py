@@ -8,7 +8,7 @@ from django.test import override_settings
 
 from cleanup import calls, registry
 from cleanup.calls import Outcome
-from eventsite.sandbox import module
+from eventsite.sandbox import client, module
 from eventsite.sandbox.module import SPAWN, SPAWNER_RATE
 from tests import shard as shard_helpers
 from tests.shard import start_shard
@@ -22,10 +22,10 @@ KEY = "run-7/step-1"
 @pytest.fixture(autouse=True)
 def restarted():
     """`backend_restarted` as a mock: what the module reports, and no engine behind it."""
-    module.shard.boot_watch.forget()
+    module.fleet.forget()
     with mock.patch("cleanup.registry.backend_restarted") as reported:
         yield reported
-    module.shard.boot_watch.forget()
+    module.fleet.forget()
 
 
 @pytest.fixture
@@ -404,7 +404,7 @@ def test_malformed_arguments_answer_a_terminal_envelope(sandbox, call):
 
 
 def test_an_unexpected_exception_becomes_a_retry_envelope(sandbox):
-    with mock.patch.object(module.shard, "http", side_effect=RuntimeError("boom")):
+    with mock.patch.object(client.ShardClient, "http", side_effect=RuntimeError("boom")):
         for call in EVERY_CALL.values():
             assert_retry(call(), "RuntimeError", "boom")
 
@@ -435,11 +435,11 @@ def test_a_new_boot_id_reports_a_restart_exactly_once(sandbox, restarted):
     perform()
     sandbox.post("/restart")
     perform(key="after-the-restart")
-    restarted.assert_called_once_with("sandbox")
+    restarted.assert_called_once_with("sandbox", "")
     reconcile([])
     SPAWNER_RATE.read(target="orc-camp")
     revert([], key="after-the-restart")
-    restarted.assert_called_once_with("sandbox")
+    restarted.assert_called_once_with("sandbox", "")
 
 
 def test_every_restart_is_reported_once(sandbox, restarted):
@@ -448,7 +448,7 @@ def test_every_restart_is_reported_once(sandbox, restarted):
         sandbox.post("/restart", json={"mode": mode})
         SPAWNER_RATE.read(target="orc-camp")
         SPAWNER_RATE.read(target="orc-camp")
-    assert restarted.call_args_list == [mock.call("sandbox"), mock.call("sandbox")]
+    assert restarted.call_args_list == [mock.call("sandbox", ""), mock.call("sandbox", "")]
 
 
 def test_a_restart_seen_on_an_error_answer_is_reported(sandbox, restarted):
@@ -456,7 +456,7 @@ def test_a_restart_seen_on_an_error_answer_is_reported(sandbox, restarted):
     sandbox.post("/restart")
     sandbox.post("/faults", json={"down": "503"})
     assert_retry(SPAWNER_RATE.read(target="orc-camp"))
-    restarted.assert_called_once_with("sandbox")
+    restarted.assert_called_once_with("sandbox", "")
 
 
 def test_concurrent_calls_after_a_restart_report_it_once(sandbox, restarted):
@@ -467,7 +467,7 @@ def test_concurrent_calls_after_a_restart_report_it_once(sandbox, restarted):
         thread.start()
     for thread in threads:
         thread.join()
-    restarted.assert_called_once_with("sandbox")
+    restarted.assert_called_once_with("sandbox", "")
 
 
 def test_a_shard_at_another_url_is_no_restart(sandbox, restarted):
@@ -482,11 +482,20 @@ def test_a_failing_restart_report_does_not_fail_the_call(sandbox, restarted):
     SPAWNER_RATE.read(target="orc-camp")
     sandbox.post("/restart")
     assert SPAWNER_RATE.read(target="orc-camp") == {"ok": True, "value": 1.0}
-    restarted.assert_called_once_with("sandbox")
+    restarted.assert_called_once_with("sandbox", "")
 
 
-def test_health_answers_ok_when_the_shard_answers_game_requests(sandbox):
-    assert SPAWN.health() == {"ok": True}
+def test_health_answers_ok_with_the_shards_boot_id(sandbox):
+    assert SPAWN.health() == {"ok": True, "boot_id": sandbox.boot_id}
+    sandbox.post("/restart")
+    assert (
+        SPAWN.health()
+        == {"ok": True, "boot_id": sandbox.get("/health").json()["boot_id"]}
+        != {
+            "ok": True,
+            "boot_id": sandbox.boot_id,
+        }
+    )
 
 
 @pytest.mark.parametrize("down", ["refuse", "503"])

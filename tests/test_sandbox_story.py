@@ -167,7 +167,7 @@ def test_a_rollback_orphans_what_was_spawned_after_the_save(world):
     assert summary.orphaned == 3
     assert set(Resource.objects.filter(run=run, kind="creature").values_list("state", flat=True)) == {"orphaned"}
     assert run.log.filter(kind="resource.orphaned").count() == 3
-    world.restarted.assert_called_with("sandbox")
+    world.restarted.assert_called_with("sandbox", "")
 
 
 def test_a_rollback_brings_back_what_was_despawned_after_the_save_and_it_is_given_back(world):

@@ -17,7 +17,12 @@ or from the module's own test suite::
 through the engine's own call and classification code, and the checks give back what
 they made. ``outage`` is a context manager factory during which the backend cannot be
 reached: `network_down` by default (it refuses every socket of this process), a test's
-own (the sandbox shard's fault injection), or None to skip those checks.
+own (the sandbox shard's fault injection), or None to skip those checks. ``backend``
+names the backend every callable is called for (``check_module --backend``; by default
+the one the params or the target name), and the module's ``health()``, when it has one,
+is checked on it. ``refuse`` (actions) is a context manager factory taking refs, during
+which the backend refuses to give those back: the kit then checks that ``revert`` names
+them in ``failed``, with a reason for each.
 May import: `registry`, `calls` and its own modules: the kit calls a module, never the
 engine's tables.
 """
@@ -29,12 +34,13 @@ from .. import registry
 from ..registry import Action, Lease
 from .actions import run_action_checks
 from .leases import run_lease_checks
-from .outage import Outage, network_down
+from .outage import Outage, Refusal, network_down
 from .report import Check, Report
 
 __all__ = [
     "Check",
     "Outage",
+    "Refusal",
     "Report",
     "check_action",
     "check_lease",
@@ -56,14 +62,28 @@ def _entry(entry: _Entry | str, lookup: Callable[[str], _Entry | None], kind: st
     return entry
 
 
-def check_action(action: Action | str, params: Mapping[str, Any], outage: Outage | None = network_down) -> Report:
+def check_action(
+    action: Action | str,
+    params: Mapping[str, Any],
+    outage: Outage | None = network_down,
+    *,
+    backend: str | None = None,
+    refuse: Refusal | None = None,
+) -> Report:
     """Run every check of an action (an id or the object); raise if any failed."""
-    return run_action_checks(_entry(action, registry.get_action, "action"), params, outage=outage).assert_ok()
+    entry = _entry(action, registry.get_action, "action")
+    return run_action_checks(entry, params, outage=outage, backend=backend, refuse=refuse).assert_ok()
 
 
 def check_lease(
-    lease: Lease | str, target: str, value: Any, other: Any = None, outage: Outage | None = network_down
+    lease: Lease | str,
+    target: str,
+    value: Any,
+    other: Any = None,
+    outage: Outage | None = network_down,
+    *,
+    backend: str | None = None,
 ) -> Report:
     """Run every check of a lease (an id or the object) on ``target``; raise if any failed."""
     entry = _entry(lease, registry.get_lease, "lease")
-    return run_lease_checks(entry, target, value, other=other, outage=outage).assert_ok()
+    return run_lease_checks(entry, target, value, other=other, outage=outage, backend=backend).assert_ok()

@@ -13,7 +13,8 @@ from typing import Any
 from .. import calls
 from ..calls import Answer, Outcome, Performed, Verdict
 from ..registry import Action
-from .outage import Outage, network_down
+from .backends import check_backend_of, check_health, resolve_backend
+from .outage import Outage, Refusal, network_down
 from .report import Caller, Report, describe
 
 # The run and step ids the kit performs under: no such run exists in any ledger.
@@ -41,15 +42,28 @@ def wrong_value(value: object) -> object:
 
 
 class ActionChecks:
-    def __init__(self, action: Action, params: dict[str, Any], outage: Outage | None) -> None:
+    def __init__(
+        self,
+        action: Action,
+        params: dict[str, Any],
+        outage: Outage | None,
+        backend: str | None = None,
+        refuse: Refusal | None = None,
+    ) -> None:
         self.action = action
         self.params = params
         self.outage = outage
-        self.report = Report(f"action {action.id}")
-        self.call = Caller(action)
+        self.refuse = refuse
+        self.given = backend
+        self.named, self.backend_problem = resolve_backend(action, params)
+        # The backend every call is for: the one given, else the one the params name.
+        self.backend: str = backend if backend is not None else (self.named or "")
+        self.report = Report(f"action {action.id}" + (f" on backend {self.backend!r}" if self.backend else ""))
+        self.call = Caller(action, self.backend)
         self.keys: list[str] = []  # every key performed under, given back at the end
         self.made: dict[str, dict[str, Any]] = {}  # key -> {ref: resource}, everything any perform reported
         self.asked_failed: list[str] = []  # `failed` refs a revert named that it was not asked about
+        self.bad_failed: list[str] = []  # `failed` answers of another shape than a list or an object of reasons
 
     # -- calls -----------------------------------------------------------------------
     def perform(self, params: dict[str, Any], key: str | None = None) -> tuple[str, Answer, Performed]:
@@ -66,9 +80,24 @@ class ActionChecks:
         answer = self.call("revert", run_id=RUN_ID, resources=list(resources), idempotency_key=key)
         refs = [r.get("ref") for r in resources if isinstance(r, dict)]
         raw = answer.raw
-        if isinstance(raw, dict) and raw.get("ok") is True and isinstance(raw.get("failed"), list):
-            self.asked_failed += [r for r in raw["failed"] if r not in refs]
+        if isinstance(raw, dict) and raw.get("ok") is True:
+            self.note_failed(raw.get("failed"), refs)
         return answer, calls.classify_revert(answer, f"{self.action.id}.revert", refs=refs)
+
+    def note_failed(self, failed: object, refs: Sequence[object]) -> None:
+        """Keep what is wrong with a successful revert's ``failed``: its shape, its refs."""
+        if failed is None:
+            return
+        if isinstance(failed, dict):
+            if not all(isinstance(r, str) and (v is None or isinstance(v, str)) for r, v in failed.items()):
+                self.bad_failed.append(f"{failed!r:.200}")
+            self.asked_failed += [r for r in failed if r not in refs]
+        elif isinstance(failed, list):
+            if not all(isinstance(r, str) for r in failed):
+                self.bad_failed.append(f"{failed!r:.200}")
+            self.asked_failed += [r for r in failed if r not in refs]
+        else:
+            self.bad_failed.append(f"{failed!r:.200}")
 
     def in_force(self, resources: Sequence[Any]) -> Any:
         """The refs in force among ``resources`` (a frozenset), or the failed `Reply`."""
@@ -84,12 +113,15 @@ class ActionChecks:
     def run(self) -> Report:
         report = self.report
         report.check("is registered with a module name", bool(self.action.module), "a module name", "none")
+        check_backend_of(report, self.action, self.named, self.backend_problem, self.given, "params")
         try:
             self.check_validate()
             made = self.check_perform()
             if made is not None and self.has("revert"):
                 self.check_revert(*made)
                 self.check_revert_by_key()
+                self.check_refusal()
+                self.check_failed()
             elif not self.has("revert"):
                 report.check(
                     "declares revert", False, "a revert(), or nothing it makes can be given back", "no callable revert"
@@ -99,6 +131,7 @@ class ActionChecks:
                 self.check_outage(self.outage)
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
+            check_health(report, self.call, self.action, self.outage)
         finally:
             self.clean_up()
         self.call.report_on_calls(report)
@@ -187,13 +220,59 @@ class ActionChecks:
             '{"ok": True, "failed": []}',
             _said(verdict),
         )
+        self.check_gone("reconcile after a revert reports nothing in force", resources)
+
+    def check_failed(self) -> None:
+        """What every revert so far answered in ``failed``: refs it was asked about, as a
+        list or an object of reasons."""
+        report = self.report
         report.check(
             "failed names only refs it was asked about",
             not self.asked_failed,
             "refs of the list handed over",
             f"{sorted(set(self.asked_failed))}",
         )
-        self.check_gone("reconcile after a revert reports nothing in force", resources)
+        report.check(
+            "failed is a list of refs or an object of refs and reasons",
+            not self.bad_failed,
+            '["ref", ...] or {"ref": "why", ...}',
+            "; ".join(self.bad_failed),
+        )
+
+    def check_refusal(self) -> None:
+        """With the backend refusing one thing, revert names it in ``failed``, with its
+        reason, and gives back the rest."""
+        report = self.report
+        name = "revert names what the backend refused as failed and gives back the rest"
+        reasons = "revert says why for each ref it could not give back"
+        if self.refuse is None:
+            report.skip(name, "no refusal given (refuse=): the kit cannot make the backend refuse")
+            return
+        key, answer, performed = self.perform(dict(self.params))
+        if not performed.ok or not performed.resources:
+            report.check(name, False, "a perform that makes something to refuse", performed.error or describe(answer))
+            return
+        held = [performed.resources[0]["ref"]]
+        with self.refuse(held):
+            answer, verdict = self.revert(list(performed.resources), key)
+        if not report.check(
+            name,
+            verdict.outcome == Outcome.DONE and verdict.failed == set(held),
+            f'{{"ok": True, "failed": {{{held[0]!r}: "why"}}}}',
+            _said(verdict),
+        ):
+            return
+        raw = answer.raw
+        failed = raw.get("failed") if isinstance(raw, dict) else None
+        if not isinstance(failed, dict):
+            report.skip(reasons, "failed is a list: each row can only say that it was not given back")
+            return
+        report.check(
+            reasons,
+            set(verdict.reasons) >= set(held),
+            f'{{{held[0]!r}: "why it was refused"}}',
+            f"{failed!r:.300}",
+        )
 
     def check_revert_by_key(self) -> None:
         report = self.report
@@ -316,6 +395,19 @@ def _refused(answer: Answer) -> bool:
     return isinstance(answer.raw, dict) and answer.raw.get("ok") is False
 
 
-def run_action_checks(action: Action, params: Mapping[str, Any], outage: Outage | None = network_down) -> Report:
-    """Every check of ``action`` with ``params``; answers a `Report`, never raises for a failure."""
-    return ActionChecks(action, dict(params), outage).run()
+def run_action_checks(
+    action: Action,
+    params: Mapping[str, Any],
+    outage: Outage | None = network_down,
+    *,
+    backend: str | None = None,
+    refuse: Refusal | None = None,
+) -> Report:
+    """Every check of ``action`` with ``params``; answers a `Report`, never raises for a failure.
+
+    ``backend``: the backend every call is for (the engine's ``backend`` keyword); by
+    default the one ``backend_of(params)`` names. ``refuse``: a context manager factory
+    taking refs, during which the backend refuses to give those back (the kit then checks
+    that ``revert`` names them in ``failed``, with reasons), or None to skip that check.
+    """
+    return ActionChecks(action, dict(params), outage, backend=backend, refuse=refuse).run()

@@ -12,6 +12,7 @@ from .. import calls
 from ..calls import Answer, Outcome, Reply, Verdict
 from ..registry import Lease
 from .actions import wrong_value
+from .backends import check_backend_of, check_health, resolve_backend
 from .outage import Outage, network_down
 from .report import Caller, Report, describe
 
@@ -29,14 +30,21 @@ def other_value(value: Any, original: Any) -> Any:
 
 
 class LeaseChecks:
-    def __init__(self, lease: Lease, target: str, value: Any, other: Any, outage: Outage | None) -> None:
+    def __init__(
+        self, lease: Lease, target: str, value: Any, other: Any, outage: Outage | None, backend: str | None = None
+    ) -> None:
         self.lease = lease
         self.target = target
         self.value = value
         self.other = other
         self.outage = outage
-        self.report = Report(f"lease {lease.id} on {target!r}")
-        self.call = Caller(lease)
+        self.given = backend
+        self.named, self.backend_problem = resolve_backend(lease, target)
+        # The backend every call is for: the one given, else the one the target names.
+        self.backend: str = backend if backend is not None else (self.named or "")
+        on = f" on backend {self.backend!r}" if self.backend else ""
+        self.report = Report(f"lease {lease.id} on {target!r}{on}")
+        self.call = Caller(lease, self.backend)
         self.original: Any = None
 
     def read(self, target: str | None = None) -> tuple[Answer, Reply]:
@@ -54,6 +62,7 @@ class LeaseChecks:
     def run(self) -> Report:
         report = self.report
         report.check("is registered with a module name", bool(self.lease.module), "a module name", "none")
+        check_backend_of(report, self.lease, self.named, self.backend_problem, self.given, "target")
         self.check_validate()
         answer, reply = self.read()
         if not report.check(
@@ -78,6 +87,7 @@ class LeaseChecks:
                 self.check_outage(self.outage)
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
+            check_health(report, self.call, self.lease, self.outage)
         finally:
             self.put_back()
         self.call.report_on_calls(report)
@@ -218,7 +228,17 @@ class LeaseChecks:
 
 
 def run_lease_checks(
-    lease: Lease, target: str, value: Any, other: Any = None, outage: Outage | None = network_down
+    lease: Lease,
+    target: str,
+    value: Any,
+    other: Any = None,
+    outage: Outage | None = network_down,
+    *,
+    backend: str | None = None,
 ) -> Report:
-    """Every check of ``lease`` on ``target`` with ``value``; answers a `Report`."""
-    return LeaseChecks(lease, target, value, other, outage).run()
+    """Every check of ``lease`` on ``target`` with ``value``; answers a `Report`.
+
+    ``backend``: the backend every call is for; by default the one ``backend_of(target)``
+    names.
+    """
+    return LeaseChecks(lease, target, value, other, outage, backend=backend).run()

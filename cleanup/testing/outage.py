@@ -1,5 +1,7 @@
 """A simulated outage: while it lasts, no socket of this process connects, sends or reads.
 
+Also the shapes of the kit's other simulated conditions (`Refusal`).
+
 It stands for "the backend is down" for any module that reaches its backend over the
 network from Python (HTTP, Redis, a game protocol). A backend reached through a C driver
 or in memory needs its own outage: pass the kit any context manager factory instead.
@@ -9,13 +11,16 @@ May import: the standard library only.
 import contextlib
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import NoReturn, TypeAlias
 
 # What the kit takes as an outage: a factory of context managers (such as `network_down`)
 # during which the backend cannot be reached.
 Outage: TypeAlias = Callable[[], AbstractContextManager[object]]
+# What the kit takes as a refusal: a factory of context managers, given refs, during which
+# the backend answers but refuses to give those things back (a creature in combat).
+Refusal: TypeAlias = Callable[[Sequence[str]], AbstractContextManager[object]]
 
 _lock = threading.Lock()
 _PATCHED = ("connect", "connect_ex", "send", "sendall", "sendto", "recv", "recv_into", "recvfrom")

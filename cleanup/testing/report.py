@@ -93,11 +93,14 @@ class Caller:
 
     Every call goes through `cleanup.calls.call` under the entry's budget, so it is
     abandoned when late and never raises here; what it raised, the calls that ran out of
-    budget and the answers that are no envelope are reported at the end.
+    budget and the answers that are no envelope are reported at the end. ``backend`` is
+    handed to every callable that takes it, as the engine hands a step's or a row's
+    backend (``None``: none at all).
     """
 
-    def __init__(self, entry: Action | Lease) -> None:
+    def __init__(self, entry: Action | Lease, backend: str | None = None) -> None:
         self.entry = entry
+        self.backend = backend
         self.budget_ms: int = calls.budget_of(entry)
         self.count = 0
         self.slowest_ms = 0
@@ -106,9 +109,12 @@ class Caller:
         self.malformed: list[str] = []
 
     def __call__(self, name: str, **kwargs: Any) -> calls.Answer:
-        what = f"{self.entry.id}.{name}"
+        return self.invoke(getattr(self.entry, name), f"{self.entry.id}.{name}", **kwargs)
+
+    def invoke(self, fn: Any, what: str, **kwargs: Any) -> calls.Answer:
+        """Call ``fn`` (one of the module's callables) as the engine would."""
         started = time.monotonic()
-        answer = calls.call(getattr(self.entry, name), budget_ms=self.budget_ms, what=what, **kwargs)
+        answer = calls.call(fn, budget_ms=self.budget_ms, what=what, backend=self.backend, **kwargs)
         self.count += 1
         self.slowest_ms = max(self.slowest_ms, round((time.monotonic() - started) * 1000))
         if answer.timed_out:

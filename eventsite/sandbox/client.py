@@ -1,14 +1,19 @@
-"""The sandbox shard's HTTP client: each answer turned into a `Reply`, never an exception.
+"""The sandbox shards' HTTP client: each answer turned into a `Reply`, never an exception.
 
-Every request is made with explicit timeouts (``SANDBOX_SHARD_TIMEOUT_MS``, 3000 by
-default, for each of connecting, sending and reading) to ``settings.SANDBOX_SHARD_URL``,
-both read at the moment of the call so ``override_settings`` works. A `Reply` knows how
-to turn itself into the module envelope's failure: no answer or a 5xx is worth another
-try later, any other 4xx is not.
+The module talks to a fleet of shards (`Fleet`): ``SANDBOX_SHARDS`` names them
+(``north=http://…,south=http://…``), each name one of the module's backends; without it,
+the fleet is one shard at ``SANDBOX_SHARD_URL`` whose backend is ``""``. There is one
+`ShardClient` per shard, made on first use. Every request is made with explicit timeouts
+(``SANDBOX_SHARD_TIMEOUT_MS``, 3000 by default, for each of connecting, sending and
+reading) to the shard's URL, both read at the moment of the call so ``override_settings``
+works. A `Reply` knows how to turn itself into the module envelope's failure: no answer
+or a 5xx is worth another try later, any other 4xx is not; no answer and 502-504 also say
+``unavailable``: the shard, not the request.
 
-The client also watches the shard's boot id (the ``X-Boot-Id`` header of every answer):
+Each client also watches its shard's boot id (the ``X-Boot-Id`` header of every answer):
 the first time it sees a new one for a URL, after having seen another, it tells the
-engine with ``cleanup.registry.backend_restarted(module)``.
+engine with ``cleanup.registry.backend_restarted(module, backend)``, naming that shard.
+May import: `cleanup.registry` only, and `eventsite.sandbox.fleet`.
 """
 
 import logging
@@ -21,6 +26,8 @@ from django.conf import settings
 
 from cleanup import registry
 
+from .fleet import parse_shards
+
 logger = logging.getLogger(__name__)
 
 BOOT_HEADER = "X-Boot-Id"
@@ -32,7 +39,40 @@ UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
 def shard_url():
+    """``SANDBOX_SHARD_URL``: the shard of a fleet of one."""
     return str(getattr(settings, "SANDBOX_SHARD_URL", "") or "").rstrip("/")
+
+
+def shards():
+    """The fleet, ``{name: url}``, read now: ``SANDBOX_SHARDS`` (a dict, or the text the
+    environment gives), else ``{"": SANDBOX_SHARD_URL}``, a fleet of one."""
+    configured = getattr(settings, "SANDBOX_SHARDS", None)
+    if isinstance(configured, str):
+        configured = parse_shards(configured)
+    if configured:
+        return {str(name): str(url).rstrip("/") for name, url in dict(configured).items()}
+    return {"": shard_url()}
+
+
+def resolve(backend):
+    """The name of the shard a call for ``backend`` goes to: ``backend`` itself, or, for
+    ``""`` in a fleet of one named shard, that shard's name (so a call that names no
+    backend reaches the only shard there is)."""
+    fleet = shards()
+    if backend == "" and "" not in fleet and len(fleet) == 1:
+        return next(iter(fleet))
+    return backend
+
+
+def unknown_shard(backend, fleet=None):
+    """The sentence for a backend the fleet has no shard for."""
+    fleet = shards() if fleet is None else fleet
+    if list(fleet) == [""]:
+        return f"this site has one shard (SANDBOX_SHARD_URL), which has no name; there is no shard {backend!r}"
+    names = ", ".join(sorted(fleet))
+    if backend == "":
+        return f"this site has several shards ({names}): a call must name one"
+    return f"no shard is named {backend!r} (the shards are {names})"
 
 
 def timeout_ms():
@@ -80,12 +120,13 @@ class Reply:
 
 
 class BootWatch:
-    """Remembers the boot ids seen per shard URL and reports a new one, once."""
+    """Remembers the boot ids one shard answered, per URL, and reports a new one, once."""
 
     KEEP = 16  # ids remembered per URL: an answer delayed from before a restart is no news
 
-    def __init__(self, module):
+    def __init__(self, module, backend=""):
         self.module = module
+        self.backend = backend
         self._seen = {}
         self._lock = threading.Lock()
 
@@ -100,9 +141,9 @@ class BootWatch:
             del seen[: -self.KEEP]
             restarted = len(seen) > 1
         if restarted:
-            logger.warning("the sandbox shard at %s restarted (boot id %s)", url, boot_id)
+            logger.warning("the sandbox shard %r at %s restarted (boot id %s)", self.backend, url, boot_id)
             try:
-                registry.backend_restarted(self.module)
+                registry.backend_restarted(self.module, self.backend)
             except Exception:
                 logger.exception("could not report the restart of the shard at %s", url)
         return restarted
@@ -113,10 +154,15 @@ class BootWatch:
 
 
 class ShardClient:
-    """``get``/``post``/``put`` against the shard, each answering a `Reply`."""
+    """``get``/``post``/``put`` against one shard of the fleet, each answering a `Reply`.
 
-    def __init__(self, module):
-        self.boot_watch = BootWatch(module)
+    ``backend`` is the shard's name (``""`` for a fleet of one); its URL is looked up at
+    each request.
+    """
+
+    def __init__(self, module, backend=""):
+        self.backend = backend
+        self.boot_watch = BootWatch(module, backend)
         self._http = None
         self._http_pid = None
         self._http_lock = threading.Lock()
@@ -142,12 +188,26 @@ class ShardClient:
     def put(self, path, json):
         return self.request("PUT", path, json=json)
 
-    def request(self, method, path, *, json=None, params=None):
-        base = shard_url()
+    def url(self):
+        """The shard's URL now, or ``(None, why not)``."""
+        try:
+            fleet = shards()
+        except ValueError as exc:
+            return None, f"SANDBOX_SHARDS cannot be used: {exc}"
+        if self.backend not in fleet:
+            return None, unknown_shard(self.backend, fleet)
+        base = fleet[self.backend]
         if not base:
-            return Reply(error="SANDBOX_SHARD_URL is not set", terminal=True)
+            return None, "SANDBOX_SHARD_URL is not set"
+        return base, None
+
+    def request(self, method, path, *, json=None, params=None):
+        base, problem = self.url()
+        if problem:
+            return Reply(error=problem, terminal=True)
         limit_ms = timeout_ms()
         what = f"{method} {path}"
+        who = f"the shard {self.backend!r}" if self.backend else "the shard"
         try:
             response = self.http().request(
                 method,
@@ -157,11 +217,12 @@ class ShardClient:
                 timeout=httpx.Timeout(limit_ms / 1000),
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            return Reply(error=f"SANDBOX_SHARD_URL={base!r} cannot be used: {exc}", terminal=True)
+            setting = f"SANDBOX_SHARDS {self.backend}" if self.backend else "SANDBOX_SHARD_URL"
+            return Reply(error=f"{setting}={base!r} cannot be used: {exc}", terminal=True)
         except httpx.TimeoutException:
-            return Reply(error=f"the shard did not answer {what} within {limit_ms:g} ms")
+            return Reply(error=f"{who} did not answer {what} within {limit_ms:g} ms")
         except httpx.HTTPError as exc:
-            return Reply(error=f"the shard could not be reached for {what}: {str(exc) or type(exc).__name__}")
+            return Reply(error=f"{who} could not be reached for {what}: {str(exc) or type(exc).__name__}")
         self.boot_watch.observe(base, response.headers.get(BOOT_HEADER))
         try:
             body = response.json()
@@ -169,8 +230,39 @@ class ShardClient:
             body = None
         status = response.status_code
         if not isinstance(body, dict):
-            return Reply(status=status, error=f"the shard answered {what} with {status} and no JSON object")
+            return Reply(status=status, error=f"{who} answered {what} with {status} and no JSON object")
         if 200 <= status < 300:
             return Reply(status=status, body=body)
         message = body.get("error") if isinstance(body.get("error"), str) else ""
-        return Reply(status=status, body=body, error=message or f"the shard answered {what} with {status}")
+        if message and self.backend:
+            message = f"{who}: {message}"
+        return Reply(status=status, body=body, error=message or f"{who} answered {what} with {status}")
+
+
+class Fleet:
+    """One `ShardClient` per shard of the fleet, made on first use and kept per process."""
+
+    def __init__(self, module):
+        self.module = module
+        self._clients = {}
+        self._lock = threading.Lock()
+
+    def client(self, backend=""):
+        """The client of the shard a call for ``backend`` goes to (see `resolve`)."""
+        name = resolve(backend)
+        with self._lock:
+            found = self._clients.get(name)
+            if found is None:
+                found = self._clients[name] = ShardClient(self.module, name)
+            return found
+
+    def names(self):
+        """The shards' names now, sorted (``[""]`` for a fleet of one unnamed shard)."""
+        return sorted(shards())
+
+    def forget(self):
+        """Forget every boot id seen (as a fresh process would)."""
+        with self._lock:
+            clients = list(self._clients.values())
+        for found in clients:
+            found.boot_watch.forget()

@@ -1,6 +1,11 @@
 """The ``sandbox`` module: spawn creatures on the sandbox shard, lease a spawner's rate.
 
-This is the worked example of a module (see ``docs/modules.md``). What it shows:
+This is the worked example of a module (see ``docs/modules.md``), and of a module that
+serves a fleet of backends: each shard of ``SANDBOX_SHARDS`` is one backend, named by a
+step's ``"shard"`` param (``sandbox.spawn``) or by its target (``north:orc-camp`` for the
+lease), and every callable takes the ``backend`` keyword and talks to that shard alone. A
+site with one shard (``SANDBOX_SHARD_URL``) has one backend, ``""``, and names none. What
+it shows:
 
 - every callable answers an envelope and never raises (`never_raises`);
 - ``perform`` sends the step's idempotency key with the spawn, so a retried step, or a
@@ -11,8 +16,11 @@ This is the worked example of a module (see ``docs/modules.md``). What it shows:
   spawned and gives that back;
 - ``reconcile`` says which refs the shard still has, and fails when it cannot tell;
 - the lease restores only over the value it applied (``expected``) and reports drift;
+- ``health(backend=…)`` answers the shard's boot id, so the engine sees a restart nobody
+  reported, and ``unavailable: true`` when the shard cannot be reached;
 - the client (`eventsite.sandbox.client`) maps transport errors and 5xx to ``retry:
-  True``, 4xx to ``retry: False``, and reports a shard restart to the engine.
+  True``, 4xx to ``retry: False``, and reports a shard restart to the engine, naming it.
+May import: `cleanup.registry` and `cleanup.envelopes`, and its own client.
 """
 
 import functools
@@ -35,7 +43,7 @@ from cleanup.envelopes import (
     RevertAnswer,
 )
 
-from .client import ShardClient
+from .client import Fleet, ShardClient, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +52,11 @@ MAX_COUNT = 500
 MAX_TEXT = 200
 MAX_RATE = 1_000_000  # what the shard accepts (eventsite.sandbox.shard)
 CHUNK = 500  # refs per despawn or lookup request (the shard takes up to 1000)
-SPAWN_PARAMS = ("creature", "count", "at")
+SPAWN_PARAMS = ("creature", "count", "at", "shard")
+# A lease's target names its shard before a colon (north:orc-camp); a spawner's name has none.
+TARGET_SHARD = ":"
 
-shard = ShardClient(MODULE)
+fleet = Fleet(MODULE)
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -115,6 +125,63 @@ def _str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def _known_shard(name: str, field: str) -> str:
+    """``name`` when the fleet has a shard by that name; else ValueError naming ``field``."""
+    names = fleet.names()
+    if name in names:
+        return name
+    if names == [""]:
+        raise ValueError(f"{field}: this site has one shard (SANDBOX_SHARD_URL), which has no name; leave out {name!r}")
+    raise ValueError(f"{field}: no shard is named {name!r}; the shards are {', '.join(names)}")
+
+
+def _only_shard(field: str, how: str) -> str:
+    """The fleet's only shard's name; ValueError naming ``field`` when there are several."""
+    names = fleet.names()
+    if len(names) == 1:
+        return names[0]
+    raise ValueError(f"{field} must name a shard ({how}): this site has several: {', '.join(names)}")
+
+
+def shard_of_params(params: dict[str, Any]) -> str:
+    """The shard a spawn with these params acts on: its ``"shard"``, or the only one."""
+    shard = params.get("shard")
+    if shard is None:
+        return _only_shard("shard", 'add "shard" to the params')
+    if not isinstance(shard, str) or not shard.strip():
+        raise ValueError("shard must be a non-empty string naming a shard")
+    return _known_shard(shard, "shard")
+
+
+def split_target(target: object) -> tuple[str | None, str]:
+    """``(shard or None, spawner)`` of a lease target: ``north:orc-camp`` or ``orc-camp``."""
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError("target must name a spawner")
+    shard, colon, spawner = target.partition(TARGET_SHARD)
+    if not colon:
+        return None, target
+    if not shard or not spawner:
+        raise ValueError(f"target {target!r} must be SHARD:SPAWNER or SPAWNER")
+    return shard, spawner
+
+
+def shard_of_target(target: object) -> str:
+    """The shard a lease target is on: the one it names, or the only one."""
+    shard, _spawner = split_target(target)
+    if shard is None:
+        return _only_shard("target", "as SHARD:SPAWNER, such as north:orc-camp")
+    return _known_shard(shard, "target")
+
+
+def client_for(backend: str, named: str | None = None) -> ShardClient:
+    """The client a call goes to: its ``backend`` (what the engine recorded for the step or
+    row), else the shard the call's params or target name (``named``), else the only one.
+    A call whose backend and params name two shards is refused (ValueError)."""
+    if named is not None and backend and resolve(backend) != named:
+        raise ValueError(f"the call names the shard {named!r} but is for the shard {backend!r}")
+    return fleet.client(backend or (named or ""))
+
+
 class SpawnAction(registry.Action):
     """``sandbox.spawn``: ``{"creature": "orc", "count": 20, "at": "north-gate"}``."""
 
@@ -125,6 +192,11 @@ class SpawnAction(registry.Action):
     budget_ms = 10_000
 
     def validate(self, params: dict[str, Any]) -> None:
+        self._check_params(params)
+        shard_of_params(params)
+
+    def _check_params(self, params: dict[str, Any]) -> None:
+        """Everything `validate` checks but which shards the site has."""
         if not isinstance(params, dict):
             raise ValueError("params must be an object with creature, count and at")
         unknown = sorted(set(params) - set(SPAWN_PARAMS))
@@ -135,17 +207,34 @@ class SpawnAction(registry.Action):
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
             raise ValueError(f"count must be a whole number from 1 to {MAX_COUNT}")
         _text(params, "at")
+        shard = params.get("shard")
+        if shard is not None and (not isinstance(shard, str) or not shard.strip()):
+            raise ValueError("shard must be a non-empty string naming a shard")
+
+    def backend_of(self, params: dict[str, Any]) -> str:
+        """The shard a step acts on, its backend: the ``"shard"`` it names, or the only one."""
+        return shard_of_params(params)
 
     @never_raises
     def health(self, *, backend: str = "") -> HealthAnswer:
-        """Does the shard answer game requests? The engine probes it while it is down."""
-        reply = shard.get("/spawners")
-        return {"ok": True} if reply.ok else reply.failure()
+        """Does the shard answer, and which boot is it in? The engine probes a shard that is
+        down, and watches one that is up: a boot id it has not seen is a restart."""
+        reply = fleet.client(backend).get("/health")
+        if not reply.ok:
+            return reply.failure()  # `unavailable: true` when the shard cannot be reached
+        boot_id = reply.body.get("boot_id")
+        if not isinstance(boot_id, str) or not boot_id:
+            return malformed("its health")
+        return {"ok": True, "boot_id": boot_id}
 
     @never_raises
-    def perform(self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str) -> PerformAnswer:
+    def perform(
+        self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str, backend: str = ""
+    ) -> PerformAnswer:
         try:
-            self.validate(params)
+            self._check_params(params)
+            # The backend the engine recorded for the step, else the one the params name.
+            shard = client_for(backend, params.get("shard")) if backend else fleet.client(shard_of_params(params))
         except ValueError as exc:
             return terminal(str(exc))
         if not isinstance(idempotency_key, str) or not idempotency_key.strip():
@@ -183,11 +272,14 @@ class SpawnAction(registry.Action):
         }
 
     @never_raises
-    def revert(self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str) -> RevertAnswer:
+    def revert(
+        self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str, backend: str = ""
+    ) -> RevertAnswer:
         try:
             refs = _refs_of(resources)
         except ValueError as exc:
             return terminal(str(exc))
+        shard = fleet.client(backend)  # the step's shard: an empty list too goes to it
         if not refs:
             # The step died (or its call timed out) before it recorded what it made:
             # whatever its key spawned is this step's to give back. The key is revoked
@@ -228,11 +320,12 @@ class SpawnAction(registry.Action):
         return {"ok": True, "failed": refused}
 
     @never_raises
-    def reconcile(self, *, run_id: int, resources: list[RecordedResource]) -> ReconcileAnswer:
+    def reconcile(self, *, run_id: int, resources: list[RecordedResource], backend: str = "") -> ReconcileAnswer:
         try:
             refs = _refs_of(resources)
         except ValueError as exc:
             return terminal(str(exc))
+        shard = fleet.client(backend)
         present = set()
         for chunk in _chunks(refs):
             reply = shard.post("/creatures/lookup", {"refs": chunk})
@@ -246,7 +339,12 @@ class SpawnAction(registry.Action):
 
 
 class SpawnerRateLease(registry.Lease):
-    """``sandbox.spawner_rate``: the rate of the spawner named by ``target``."""
+    """``sandbox.spawner_rate``: the rate of the spawner named by ``target``.
+
+    In a fleet the target names its shard too, ``SHARD:SPAWNER`` (``north:orc-camp``);
+    ``orc-camp`` alone is the spawner of the only shard. The same spawner on two shards is
+    two targets, each with its own leases.
+    """
 
     id = "sandbox.spawner_rate"
     module = MODULE
@@ -256,16 +354,20 @@ class SpawnerRateLease(registry.Lease):
         if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_RATE:
             raise ValueError(f"a spawner rate is a number from 0 to {MAX_RATE}, got {value!r}")
 
+    def backend_of(self, target: str) -> str:
+        """The shard a target is on, its backend: the one it names, or the only one."""
+        return shard_of_target(target)
+
     @staticmethod
-    def _path(target: object) -> str:
-        if not isinstance(target, str) or not target.strip():
-            raise ValueError("target must name a spawner")
-        return "/spawners/" + quote(target, safe="")
+    def _where(target: object, backend: str = "") -> tuple[ShardClient, str]:
+        """The client and the path of a target's spawner (ValueError for a bad target)."""
+        shard, spawner = split_target(target)
+        return client_for(backend, shard), "/spawners/" + quote(spawner, safe="")
 
     @never_raises
-    def read(self, *, target: str) -> ReadAnswer:
+    def read(self, *, target: str, backend: str = "") -> ReadAnswer:
         try:
-            path = self._path(target)
+            shard, path = self._where(target, backend)
         except ValueError as exc:
             return terminal(str(exc))
         reply = shard.get(path)
@@ -276,9 +378,9 @@ class SpawnerRateLease(registry.Lease):
         return {"ok": True, "value": reply.body["rate"]}
 
     @never_raises
-    def apply(self, *, value: Any, run_id: int, target: str) -> ApplyAnswer:
+    def apply(self, *, value: Any, run_id: int, target: str, backend: str = "") -> ApplyAnswer:
         try:
-            path = self._path(target)
+            shard, path = self._where(target, backend)
         except ValueError as exc:
             return terminal(str(exc))
         if not _is_number(value):
@@ -287,9 +389,9 @@ class SpawnerRateLease(registry.Lease):
         return {"ok": True} if reply.ok else reply.failure()
 
     @never_raises
-    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str) -> RestoreAnswer:
+    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str, backend: str = "") -> RestoreAnswer:
         try:
-            path = self._path(target)
+            shard, path = self._where(target, backend)
         except ValueError as exc:
             return terminal(str(exc))
         if not _is_number(baseline) or not _is_number(expected):

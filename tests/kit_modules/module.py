@@ -2,7 +2,7 @@
 
 import uuid
 
-from eventsite.sandbox.module import SpawnAction, SpawnerRateLease, never_raises, shard
+from eventsite.sandbox.module import SpawnAction, SpawnerRateLease, never_raises
 
 MODULE = "kit"
 
@@ -79,8 +79,9 @@ class OverwritingRestore(SpawnerRateLease):
     module = MODULE
 
     @never_raises
-    def restore(self, *, baseline, expected, run_id, target):
-        reply = shard.put(self._path(target), {"rate": baseline})
+    def restore(self, *, baseline, expected, run_id, target, backend=""):
+        shard, path = self._where(target, backend)
+        reply = shard.put(path, {"rate": baseline})
         return {"ok": True} if reply.ok else reply.failure()
 
 
@@ -91,8 +92,9 @@ class StrictRestore(SpawnerRateLease):
     module = MODULE
 
     @never_raises
-    def restore(self, *, baseline, expected, run_id, target):
-        reply = shard.put(self._path(target), {"rate": baseline, "expected": expected})
+    def restore(self, *, baseline, expected, run_id, target, backend=""):
+        shard, path = self._where(target, backend)
+        reply = shard.put(path, {"rate": baseline, "expected": expected})
         if reply.status == 409:
             return {"ok": False, "drifted": True, "current": reply.body.get("current")}
         return {"ok": True} if reply.ok else reply.failure()

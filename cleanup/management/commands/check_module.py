@@ -7,7 +7,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from cleanup import registry, testing
+from cleanup import calls, registry, testing
 from cleanup.management.base import EventCommand
 
 
@@ -36,23 +36,45 @@ class Command(EventCommand):
         parser.add_argument("--value", help="the value to lease, JSON or plain text; not the value in force")
         parser.add_argument("--other-value", help="stands for someone else's value in the drift check")
         parser.add_argument(
+            "--backend",
+            metavar="NAME",
+            help="the backend every call is for, as the engine names it (default: the one the params or target name)",
+        )
+        parser.add_argument(
             "--no-outage",
             action="store_true",
             help="skip the checks that refuse the network to see failures answered as retryable",
         )
 
-    def handle(self, *args, id, params=None, target=None, value=None, other_value=None, no_outage=False, **options):
+    def handle(
+        self,
+        *args,
+        id,
+        params=None,
+        target=None,
+        value=None,
+        other_value=None,
+        no_outage=False,
+        backend=None,
+        **options,
+    ):
         outage = None if no_outage else testing.network_down
+        if backend is not None and not calls.backend_name_ok(backend):
+            raise CommandError(
+                f"--backend {backend!r}: a backend's name is text of at most 100 characters, without '/'"
+            )
         if registry.get_action(id) is not None:
             parsed = _json(params, "--params") if params is not None else {}
             if not isinstance(parsed, dict):
                 raise CommandError("--params must be a JSON object")
-            report = testing.run_action_checks(registry.get_action(id), parsed, outage=outage)
+            report = testing.run_action_checks(registry.get_action(id), parsed, outage=outage, backend=backend)
         elif registry.get_lease(id) is not None:
             if target is None or value is None:
                 raise CommandError(f"{id} is a lease: give --target and --value")
             other = _value(other_value) if other_value is not None else None
-            report = testing.run_lease_checks(registry.get_lease(id), target, _value(value), other=other, outage=outage)
+            report = testing.run_lease_checks(
+                registry.get_lease(id), target, _value(value), other=other, outage=outage, backend=backend
+            )
         else:
             known = ", ".join(sorted([*registry.actions(), *registry.leases()])) or "none"
             raise CommandError(f"no module registers an action or a lease {id!r} (registered: {known})")
