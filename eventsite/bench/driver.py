@@ -68,14 +68,26 @@ def settle(timeout_s=120):
     return {"error": f"the cluster was still busy after {timeout_s} s"}
 
 
-def start(label, runs, steps, creatures):
+def start(label, runs, steps, creatures, shards=None):
     """Start ``runs`` runs of ``steps`` spawns of ``creatures`` then a long wait, and
-    perform their spawns; answers their ids. The cluster's ticks may perform some."""
+    perform their spawns; answers their ids. The cluster's ticks may perform some.
+
+    With ``shards`` (names of SANDBOX_SHARDS) each spawn names a shard, in turn over the
+    night's spawns: step ``j`` of run ``n`` goes to shard ``(n * steps + j) % len(shards)``,
+    so every run holds rows on every shard (when it has as many steps)."""
     from cleanup.runner import start_run
 
-    spawn = {"action": "sandbox.spawn", "params": {"creature": "orc", "count": creatures, "at": "night-gate"}}
+    params = {"creature": "orc", "count": creatures, "at": "night-gate"}
     hold = {"action": "core.wait", "params": {"seconds": 3600}}
-    ids = [start_run(f"{label} {n + 1}", [spawn] * steps + [hold], actor="bench").pk for n in range(runs)]
+
+    def spawn(n, j):
+        shard = {"shard": shards[(n * steps + j) % len(shards)]} if shards else {}
+        return {"action": "sandbox.spawn", "params": {**params, **shard}}
+
+    ids = [
+        start_run(f"{label} {n + 1}", [spawn(n, j) for j in range(steps)] + [hold], actor="bench").pk
+        for n in range(runs)
+    ]
     return perform(ids) or {"run_ids": ids}
 
 
@@ -170,14 +182,118 @@ def _queued_ms(ended_at):
     return None  # a task the cluster has not saved yet, or a run the schedule's tick cleaned
 
 
+def _ticking(tick_every_s):
+    """A function to call while waiting: it queues a tick every ``tick_every_s`` seconds
+    (none when 0, and the schedule's tick, once a minute, is all there is)."""
+    from cleanup.enqueue import queue_tick
+
+    last = {"at": None}
+
+    def tick():
+        at = time.monotonic()
+        if tick_every_s and (last["at"] is None or at - last["at"] >= tick_every_s):
+            last["at"] = at
+            queue_tick()
+
+    return tick
+
+
+def _epoch(at):
+    return None if at is None else at.timestamp()
+
+
+def given_back(run_ids, backends, timeout_s, tick_every_s=0):
+    """Wait until every row of the runs on ``backends`` is resolved, queueing a tick every
+    ``tick_every_s`` meanwhile; answers what those rows say (`backend_figures`)."""
+    from cleanup.models import UNRESOLVED, Resource
+
+    rows = Resource.objects.filter(run_id__in=run_ids, backend__in=backends)
+    tick, deadline = _ticking(tick_every_s), time.monotonic() + timeout_s
+    while rows.filter(state__in=UNRESOLVED).exists():
+        if time.monotonic() > deadline:
+            left = rows.filter(state__in=UNRESOLVED).count()
+            return {"error": f"{left} row(s) on {', '.join(backends)} were not resolved within {timeout_s} s"}
+        tick()
+        time.sleep(LOOK_EVERY_S)
+    return backend_figures(run_ids, backends)
+
+
+def backend_figures(run_ids, backends):
+    """The runs' rows on ``backends``: their states, their attempts and their last verdict.
+
+    ``spent`` counts the attempts beyond the one call that gave each row back: a row given
+    back by its first call has ``revert_attempts`` 1 and spent none."""
+    from django.db.models import Max, Sum
+
+    from cleanup.models import STEP_KIND, Attempt, Resource, Run
+
+    rows = Resource.objects.filter(run_id__in=run_ids, backend__in=backends)
+    creatures = rows.exclude(kind=STEP_KIND)
+    got = rows.aggregate(last=Max("resolved_at"), attempts=Sum("revert_attempts"))
+    n = rows.count()
+    return {
+        "rows": dict(Counter(creatures.values_list("state", flat=True))),
+        "placeholders": dict(Counter(rows.filter(kind=STEP_KIND).values_list("state", flat=True))),
+        "attempts": got["attempts"] or 0,
+        "spent": (got["attempts"] or 0) - rows.filter(revert_attempts__gt=0).count() if n else 0,
+        "outcomes": dict(Counter(Attempt.objects.filter(resource__in=rows).values_list("outcome", flat=True))),
+        "last_verdict": _epoch(got["last"]),
+        "last_end": _epoch(Run.objects.filter(pk__in=run_ids).aggregate(at=Max("ended_at"))["at"]),
+    }
+
+
+def boot_seen(module, backend, boot_id, timeout_s, tick_every_s=0):
+    """Wait until the engine has seen ``boot_id`` for the backend (its watch asked its
+    ``health()``), queueing a tick every ``tick_every_s`` meanwhile."""
+    from cleanup.models import ModuleHealth
+
+    seen = ModuleHealth.objects.filter(module=module, backend=backend, boot_id=boot_id)
+    tick, deadline = _ticking(tick_every_s), time.monotonic() + timeout_s
+    while not seen.exists():
+        if time.monotonic() > deadline:
+            return {"error": f"the engine did not see {module}/{backend}'s boot id within {timeout_s} s"}
+        tick()
+        time.sleep(LOOK_EVERY_S)
+    return {}
+
+
+def resurrected(run_ids, expected, timeout_s, tick_every_s=0):
+    """Wait until ``expected`` rows of the runs were found again after a restart
+    (``resurrected_from``) and all of them given back, queueing a tick every
+    ``tick_every_s`` meanwhile; answers when the last was found and given back."""
+    from django.db.models import Max
+
+    from cleanup.models import STEP_KIND, UNRESOLVED, Resource, ResourceState
+
+    rows = Resource.objects.filter(run_id__in=run_ids, resurrected_from__isnull=False).exclude(kind=STEP_KIND)
+    tick, deadline = _ticking(tick_every_s), time.monotonic() + timeout_s
+    while rows.count() < expected or rows.filter(state__in=UNRESOLVED).exists():
+        if time.monotonic() > deadline:
+            found, left = rows.count(), rows.filter(state__in=UNRESOLVED).count()
+            return {"error": f"{found} of {expected} resurrected row(s) found, {left} not given back, in {timeout_s} s"}
+        tick()
+        time.sleep(LOOK_EVERY_S)
+    got = rows.aggregate(found=Max("created_at"), given_back=Max("resolved_at"))
+    return {
+        "found": rows.count(),
+        "reverted": rows.filter(state=ResourceState.REVERTED).count(),
+        "last_found": _epoch(got["found"]),
+        "last_verdict": _epoch(got["given_back"]),
+    }
+
+
 COMMANDS = {
     "migrate": lambda c: _migrate(),
     "wipe": lambda c: wipe(),
     "ping": lambda c: ping(),
     "settle": lambda c: settle(),
-    "start": lambda c: start(c["label"], c["runs"], c["steps"], c["creatures"]),
+    "start": lambda c: start(c["label"], c["runs"], c["steps"], c["creatures"], c.get("shards")),
     "end": lambda c: end(c["run_ids"]),
     "cleaned": lambda c: cleaned(c["run_ids"], c["timeout_s"]),
+    "given_back": lambda c: given_back(c["run_ids"], c["backends"], c["timeout_s"], c.get("tick_every_s", 0)),
+    "backend_figures": lambda c: backend_figures(c["run_ids"], c["backends"]),
+    "boot_seen": lambda c: boot_seen(c["module"], c["backend"], c["boot_id"], c["timeout_s"], c.get("tick_every_s", 0)),
+    "resurrected": lambda c: resurrected(c["run_ids"], c["expected"], c["timeout_s"], c.get("tick_every_s", 0)),
 }
 
 

@@ -42,6 +42,10 @@ class NightOptions:
     long_steps: int = 500
     latency_ms: int = 20
     repeats: int = 3
+    # The fleet night (`eventsite.bench.fleet_night`): shards, 0 for the night above.
+    fleet: int = 0
+    back_after_s: int = 30
+    tick_every_s: float = 2.0
 
 
 class Night:
@@ -73,10 +77,14 @@ class Night:
     def start_children(self):
         self.progress.phase("starting the shard, the driver and the cluster")
         self.shard = self.child(Shard())
+        self.start_driver_and_cluster(SANDBOX_SHARD_URL=self.shard.url, SANDBOX_SHARDS="")
+
+    def start_driver_and_cluster(self, **extra):
+        """The driver and ``manage.py qcluster``, with one environment: ``extra`` on top."""
         env = child_env(
             self.url,
             settings_module="eventsite.settings",
-            SANDBOX_SHARD_URL=self.shard.url,
+            **extra,
             # One key for the driver and the cluster: it signs the tasks. One queue name of
             # the bench's own, so that no other cluster on the same Redis takes its tasks.
             SECRET_KEY=os.environ.get("SECRET_KEY") or "bench-only-" + secrets.token_hex(24),

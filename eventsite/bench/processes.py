@@ -138,9 +138,11 @@ class LineChild(Child):
 class Shard(Child):
     """A real sandbox shard on a free port; its faults are steered over HTTP."""
 
-    def __init__(self):
+    def __init__(self, name=""):
+        self.shard_name = name
         argv = [sys.executable, "-m", "eventsite.sandbox.shard", "--port", "0", "--save-every", "0"]
-        super().__init__("the sandbox shard", argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
+        label = f"the sandbox shard {name}" if name else "the sandbox shard"
+        super().__init__(label, argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
         self.http = httpx.Client(trust_env=False, timeout=10)
         self.url = self.started(self._wait_listening)
 
@@ -154,6 +156,25 @@ class Shard(Child):
 
     def faults(self, **faults):
         self.http.post(self.url + "/faults", json=faults).raise_for_status()
+
+    def post(self, path, **body):
+        reply = self.http.post(self.url + path, json=body)
+        reply.raise_for_status()
+        return reply.json()
+
+    def save(self):
+        """Save the world now: what a rollback restores."""
+        return self.post("/save")
+
+    def restart(self, mode="rollback"):
+        """Restart the shard (a new boot id); a rollback brings back the world as last saved."""
+        return self.post("/restart", mode=mode)
+
+    def boot_id(self):
+        """The boot id the shard answers now (it must not be down)."""
+        reply = self.http.get(self.url + "/health")
+        reply.raise_for_status()
+        return reply.json()["boot_id"]
 
     def event_creatures(self):
         """The creatures event spawns made that are still in the world."""

@@ -64,3 +64,29 @@ def night_table(result):
             f"{_n(w['seconds'], ' s')} after the last end (median of {o['repeats']}: {w['all']}); passes {passes}"
         )
     return "\n".join(lines)
+
+
+def fleet_table(result):
+    o, m, f = result["options"], result["machine"], result["fleet"]
+    h, d, r, e = f["healthy"], f["down_shard"], f["idle_restart"], f["engine"]
+    broker = result["broker"] + (f", polling every {result['poll_s']:g} s" if result["poll_s"] else "")
+    return "\n".join(
+        [
+            f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
+            f"load {m['load_average_at_start']} before, {m['load_average']} after",
+            f"django-q2 on {broker}, {result['cluster_workers']} workers; {f['shards']} shards answering in "
+            f"{o['latency_ms']} ms, {f['down']} down; {f['runs']} runs x {o['steps']} groups x {o['creatures']} rows "
+            f"({f['spread']}); medians of {o['repeats']}",
+            f"engine: probe every {e['EVENT_OUTAGE_PROBE_S']} s, spread {e['EVENT_OUTAGE_SPREAD_S']} s, "
+            f"watch every {e['EVENT_BACKEND_WATCH_S']} s; ticks: {f['ticks']}",
+            "",
+            f"healthy shards' {f['healthy_rows']:,} rows given back {_n(h['seconds_one_down'], ' s')} after the last "
+            f"end with {f['down']} down {h['all_one_down']}, {_n(h['seconds_no_shard_down'], ' s')} with none down "
+            f"{h['all_no_shard_down']}: {_x(h['ratio'])} (target {h['target_ratio']}x)",
+            f"{f['down']}'s {f['down_rows']:,} rows: {d['attempts_spent']} attempts spent (target 0); back "
+            f"{_n(d['back_after_end_s'], ' s')} after the last end, its last row given back "
+            f"{_n(d['seconds_from_return'], ' s')} after its return {d['all']} (target {d['target_s']} s)",
+            f"idle restart of {r['shard']} ({r['rows']} rows back): found {_n(r['found_s'], ' s')} {r['all_found']}, "
+            f"given back {_n(r['given_back_s'], ' s')} after the restart {r['all']} (target {r['target_s']} s)",
+        ]
+    )

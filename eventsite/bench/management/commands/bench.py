@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from eventsite.bench import measure, night
+from eventsite.bench import fleet_night, measure, night
 from eventsite.bench.progress import Progress
-from eventsite.bench.report import json_line, night_table, table
+from eventsite.bench.report import fleet_table, json_line, night_table, table
 from eventsite.bench.scratch import BenchError
 
 
@@ -20,11 +20,27 @@ def non_negative(value):
     return number
 
 
+def fleet_size(value):
+    number = int(value)
+    if not 2 <= number <= 99:
+        raise ValueError(value)
+    return number
+
+
+def seconds(value):
+    number = float(value)
+    if not 0 <= number <= 3600:
+        raise ValueError(value)
+    return number
+
+
 SWEEP = measure.Options()
 NIGHT = night.NightOptions()
 # Options of one mode only; given in the other they are refused rather than ignored.
 SWEEP_ONLY = ("runs", "steps", "resources", "history", "workers", "latency_ms")
-NIGHT_ONLY = ("samples", "night_runs", "night_steps", "creatures", "long_steps", "shard_latency_ms")
+NIGHT_ONLY = ("samples", "night_runs", "night_steps", "creatures", "long_steps", "shard_latency_ms", "fleet")
+# Options of the fleet night only (--night --fleet N); the one-shard night refuses them.
+FLEET_ONLY = ("back_after_s", "tick_every_s")
 
 
 class Command(BaseCommand):
@@ -70,6 +86,25 @@ class Command(BaseCommand):
             type=non_negative,
             help=f"the shard's delay per answer while runs are given back ({NIGHT.latency_ms})",
         )
+        fleet = parser.add_argument_group("--night --fleet N: a fleet night, one shard down")
+        fleet.add_argument(
+            "--fleet",
+            type=fleet_size,
+            metavar="N",
+            help="start N shards (2..99) and measure a fleet night instead: the night with no shard down "
+            "beside the same night with the last shard down, and an idle restart (see docs/benchmarks.md)",
+        )
+        fleet.add_argument(
+            "--back-after-s",
+            type=non_negative,
+            help=f"the down shard comes back this many seconds after the runs end ({NIGHT.back_after_s})",
+        )
+        fleet.add_argument(
+            "--tick-every-s",
+            type=seconds,
+            help="while waiting for the return and the restart to be noticed, queue a tick this often; "
+            f"0: only the schedule's, once a minute ({NIGHT.tick_every_s:g})",
+        )
         parser.add_argument(
             "--repeats",
             type=positive,
@@ -82,15 +117,24 @@ class Command(BaseCommand):
         if wrong:
             option = "--" + wrong[0].replace("_", "-")
             raise CommandError(f"{option} applies {'only with' if not o['night'] else 'without'} --night")
+        wrong = [name for name in FLEET_ONLY if o[name] is not None and o["fleet"] is None]
+        if wrong:
+            raise CommandError(f"--{wrong[0].replace('_', '-')} applies only with --night --fleet N")
+        wrong = [name for name in ("samples", "long_steps") if o[name] is not None and o["fleet"] is not None]
+        if wrong:
+            raise CommandError(f"--{wrong[0].replace('_', '-')} applies to the one-shard night, not with --fleet")
         progress = Progress(self.stderr._out)
         try:
-            if o["night"]:
+            if o["fleet"] is not None:
+                result = fleet_night.run(self.night_options(o), progress)
+            elif o["night"]:
                 result = night.run(self.night_options(o), progress)
             else:
                 result = measure.run(self.sweep_options(o), progress)
         except BenchError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(json_line(result) if o["json"] else (night_table if o["night"] else table)(result))
+        shown = fleet_table if o["fleet"] is not None else night_table if o["night"] else table
+        self.stdout.write(json_line(result) if o["json"] else shown(result))
 
     def sweep_options(self, o):
         given = {name: o[name] for name in (*SWEEP_ONLY, "repeats") if o[name] is not None}
@@ -105,5 +149,8 @@ class Command(BaseCommand):
             "long_steps": "long_steps",
             "shard_latency_ms": "latency_ms",
             "repeats": "repeats",
+            "fleet": "fleet",
+            "back_after_s": "back_after_s",
+            "tick_every_s": "tick_every_s",
         }
         return night.NightOptions(**{field: o[name] for name, field in names.items() if o[name] is not None})
