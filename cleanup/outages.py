@@ -155,6 +155,16 @@ def _mark_down_after_streak(module, backend, now):
     return True
 
 
+def lock_health(pairs):
+    """Lock the health rows of ``(module, backend)`` pairs for the caller's transaction, in
+    one order, so a verdict that reads whether a backend is down and a mark-down that
+    forgives its rows never cross."""
+    condition = Q()
+    for module, backend in pairs:
+        condition |= Q(module=module, backend=backend)
+    return list(ModuleHealth.objects.select_for_update().filter(condition).order_by("module", "backend"))
+
+
 def forgive_streak(health):
     """Give back the attempts that the answers leading to an outage spent.
 

@@ -110,12 +110,15 @@ def write_now(token, called, summaries, by=""):
 def _write_rows(token, called, summaries, now, by=""):
     """Stage and write the rows of ``called`` still held by ``token``, with an `Attempt` for
     each; answers their log entries."""
+    # Before the rows: the health rows of the backends the answers blamed are locked, as a
+    # mark-down locks them before it forgives the rows' attempts; either it came first and
+    # these rows wait, or it comes after this commit and forgives what they spent.
+    _note_waiting(called, now)
     held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
     # A step whose rows are on several backends is several groups: written row by row.
     steps = [r.group.key for r in called if r.group.kind == "step"]
     split = {key for key in steps if steps.count(key) > 1}
     changes, entries, attempts = _Changes(now, split), [], []
-    _note_waiting(called, now)
     for result in called:
         summary = summaries.setdefault(result.group.run_id, Summary())
         entry = _one(result, held, changes, summary, now)
@@ -133,13 +136,14 @@ def _note_waiting(called, now):
     Read when the verdicts are written, after every answer of the batch was counted, so
     the answers that together showed the outage all wait and none spends an attempt.
     """
-    until = {}
+    blamed = sorted({(r.module, r.backend) for r in called if r.blamed is not None and r.module})
+    if not blamed:
+        return
+    outages.lock_health(blamed)
+    until = {pair: outages.waiting_until(pair[0], now, backend=pair[1]) for pair in blamed}
     for result in called:
         if result.blamed is not None and result.module:
-            pair = (result.module, result.backend)
-            if pair not in until:
-                until[pair] = outages.waiting_until(result.module, now, backend=result.backend)
-            result.waited = until[pair]
+            result.waited = until[(result.module, result.backend)]
 
 
 def _attempts(result, held, now, by):
