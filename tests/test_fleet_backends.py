@@ -305,16 +305,25 @@ def test_a_stack_still_in_force_is_left_alone_and_a_lost_one_resolves_without_a_
         registry.unregister_module("test")
 
 
-def test_a_claim_taken_over_before_its_call_gives_its_attempt_back(fleet):
+def dead_claim(attempts, called):
+    """A row on north that a sweeper claimed, its attempts counted, then died holding,
+    before its call (``called`` False) or in it."""
     run = make_run()
     step = make_step(run, action_id="fleet.spawn", backend="north")
     make_rows(step, ["a"], module="fleet", placeholder=False)
-    Resource.objects.filter(run=run).update(backend="north")
     past = timezone.now() - timedelta(minutes=5)
-    # A sweeper claimed it (one attempt) and died before calling.
     Resource.objects.filter(run=run).update(
-        state=ResourceState.REVERTING, revert_attempts=1, claim_expires_at=past, claim_called=False
+        backend="north",
+        state=ResourceState.REVERTING,
+        revert_attempts=attempts,
+        claim_expires_at=past,
+        claim_called=called,
     )
+    return run
+
+
+def test_a_claim_taken_over_before_its_call_gives_its_attempt_back(fleet):
+    run = dead_claim(attempts=1, called=False)
 
     sweep()
 
@@ -324,14 +333,7 @@ def test_a_claim_taken_over_before_its_call_gives_its_attempt_back(fleet):
 
 
 def test_a_claim_taken_over_after_its_call_keeps_the_attempt_it_spent(fleet):
-    run = make_run()
-    step = make_step(run, action_id="fleet.spawn", backend="north")
-    make_rows(step, ["a"], module="fleet", placeholder=False)
-    Resource.objects.filter(run=run).update(backend="north")
-    past = timezone.now() - timedelta(minutes=5)
-    Resource.objects.filter(run=run).update(
-        state=ResourceState.REVERTING, revert_attempts=1, claim_expires_at=past, claim_called=True
-    )
+    run = dead_claim(attempts=1, called=True)
 
     sweep()
 
@@ -340,14 +342,7 @@ def test_a_claim_taken_over_after_its_call_keeps_the_attempt_it_spent(fleet):
 
 
 def test_a_dead_uncalled_claim_at_the_ceiling_is_tried_again_not_failed(fleet):
-    run = make_run()
-    step = make_step(run, action_id="fleet.spawn", backend="north")
-    make_rows(step, ["a"], module="fleet", placeholder=False)
-    Resource.objects.filter(run=run).update(backend="north")
-    past = timezone.now() - timedelta(minutes=5)
-    Resource.objects.filter(run=run).update(
-        state=ResourceState.REVERTING, revert_attempts=3, claim_expires_at=past, claim_called=False
-    )
+    run = dead_claim(attempts=3, called=False)
 
     with override_settings(EVENT_REVERT_MAX_ATTEMPTS=3):
         sweep()
