@@ -389,3 +389,49 @@ def test_the_tick_watches_the_backends_but_a_busy_site_looks_at_most_every_few_s
     monkeypatch.setitem(runner._last_watch, "at", time.monotonic() - runner.WATCH_EVERY_S)
     tick()
     assert looks == [1, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_verdict_being_written_holds_off_a_mark_down_until_its_attempts_can_be_forgiven():
+    """Two passes race an outage: one writes verdicts that blamed the backend while the other
+    counts the answer that marks it down. The mark-down must forgive what the first spent."""
+    from django.db import connection, connections, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL for concurrent connections")
+    run = make_run()
+    step = make_step(run, action_id="fleet.spawn", backend="north")
+    [row] = make_rows(step, ["a"], module="fleet", placeholder=False)
+    Resource.objects.filter(pk=row.pk).update(backend="north", state="reverting", revert_attempts=1)
+    outages.record("fleet", "refused", backend="north")  # the streak began; one more marks it down
+    locked, marked = threading.Event(), []
+
+    def first_pass():  # writes a blamed verdict: the attempt counted, as the backend looked up
+        try:
+            with transaction.atomic():
+                outages.lock_health([("fleet", "north")])
+                assert outages.waiting_until("fleet", backend="north") is None
+                locked.set()
+                time.sleep(0.5)  # the other pass counts its answer meanwhile
+                Resource.objects.filter(pk=row.pk).update(state="failed")
+                Attempt.record([Resource.objects.get(pk=row.pk)], outages.UNAVAILABLE, "refused")
+        finally:
+            connections.close_all()
+
+    def second_pass():
+        try:
+            locked.wait(5)
+            marked.append(outages.record("fleet", "refused", backend="north"))
+        finally:
+            connections.close_all()
+
+    with override_settings(EVENT_OUTAGE_AFTER=2):
+        threads = [threading.Thread(target=first_pass), threading.Thread(target=second_pass)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+
+    assert marked == [True]
+    row.refresh_from_db()
+    assert row.revert_attempts == 0, "the mark-down waited for the verdict, then forgave its attempt"
