@@ -44,6 +44,7 @@ from .models import (
     Resource,
     Run,
     RunLog,
+    backend_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ def tell_module(event_id):
         Alert.objects.bulk_create(
             Alert(module=event.module, event=event.kind, channel=channel, payload=message) for channel in channels()
         )
-    logger.info("module %s: %s", event.module, event.kind)
+    logger.info("module %s: %s", backend_name(event.module, event.backend), event.kind)
     return event.kind
 
 
@@ -259,11 +260,15 @@ def modules_url():
 def describe_module(event):
     """The message: which module, what changed, who changed it, the error, and how much waits on it."""
     detail = event.detail or {}
-    waiting = Resource.objects.filter(module=event.module, state__in=UNRESOLVED, run__status__in=TERMINAL)
-    health = ModuleHealth.objects.filter(module=event.module).first()
+    mine = {"module": event.module, "backend": event.backend}
+    waiting = Resource.objects.filter(**mine, state__in=UNRESOLVED, run__status__in=TERMINAL)
+    health = ModuleHealth.objects.filter(**mine).first()
     return {
         "event": event.kind,
         "module": event.module,
+        # Which of the module's backends changed ("" for its only one), and how people name it.
+        "backend": event.backend,
+        "name": backend_name(event.module, event.backend),
         "at": event.at.isoformat(),
         "by": detail.get("by", ""),
         "error": detail.get("error") or detail.get("last_error") or "",
@@ -275,7 +280,7 @@ def describe_module(event):
 
 
 def module_mail_text(message):
-    module = message["module"]
+    module = message.get("name") or message["module"]
     if message["event"] == MODULE_DOWN:
         subject = f"Module {module} is down: its work waits"
         error = message["error"] or "no error recorded"

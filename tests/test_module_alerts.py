@@ -48,6 +48,20 @@ def test_an_outage_is_told_once_when_it_begins_and_once_when_it_ends_whatever_th
     ]
 
 
+def test_one_backend_down_is_told_by_its_name_with_its_own_rows(module):
+    from cleanup.models import Resource
+
+    for n, backend in enumerate(["north", "north", "south"]):
+        [row] = make_rows(make_step(make_run(status=RunStatus.ABORTED)), [f"orc-{n}"], placeholder=False)
+        Resource.objects.filter(pk=row.pk).update(backend=backend)
+    outages.mark_down(module, backend="north", by="alice", reason="redeploying north")
+    assert alerts.notice() == 1
+    down = mail.outbox[0]
+    assert "Module test/north is down" in down.subject
+    assert "Unresolved rows of ended runs on test/north: 2" in down.body
+    assert Alert.objects.get().payload["backend"] == "north"
+
+
 def test_a_person_marking_a_module_down_is_told_with_their_reason(module):
     outages.mark_down(module, by="alice", reason="redeploying the shard")
     alerts.notice()
