@@ -548,6 +548,13 @@ class ModuleHealth(models.Model):
     # (`cleanup.outages.watch`): a new boot id is a restart nobody reported.
     boot_id = models.CharField(max_length=200, blank=True, default="")
     watched_at = models.DateTimeField(null=True, blank=True)
+    # A person's mark-down holds until a person marks the backend up, or until ``held_until``
+    # when they set one: probes still look, and say what they saw, but do not undo it.
+    held = models.BooleanField(default=False)
+    held_until = models.DateTimeField(null=True, blank=True)
+    # What the last probe of a down backend saw, and when (shown while a person holds it down).
+    last_probe = models.CharField(max_length=500, blank=True, default="")
+    last_probe_at = models.DateTimeField(null=True, blank=True)
 
     objects = ModuleHealthQuerySet.as_manager()
 
@@ -565,6 +572,10 @@ class ModuleHealth(models.Model):
     def name(self):
         """The module, and its backend when it has several: ``sandbox`` or ``sandbox/north``."""
         return backend_name(self.module, self.backend)
+
+    def held_at(self, now):
+        """Is a person's mark-down still holding at ``now``?"""
+        return self.held and (self.held_until is None or self.held_until > now)
 
     def waiting_text(self):
         """What a person is shown for work that waits on this backend."""

@@ -133,6 +133,8 @@ def _mark_down_after_streak(module, backend, now):
                 gave_up_at=None,
                 changed_by="engine",
                 next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+                held=False,
+                held_until=None,
                 updated_at=now,
             )
         )
@@ -199,8 +201,12 @@ def forgive_streak(health):
     )
 
 
-def mark_down(module, *, by, backend="", reason="", now=None):
-    """A person marks a module's backend down; answers whether it changed."""
+def mark_down(module, *, by, backend="", reason="", until=None, now=None):
+    """A person marks a module's backend down; answers whether it changed.
+
+    It holds (a maintenance window): no probe, canary or answer marks the backend up, only a
+    person does, or the time ``until`` when given. Probes still look and say what they saw.
+    """
     now = now or timezone.now()
     _health(module, backend)
     with transaction.atomic():
@@ -214,6 +220,10 @@ def mark_down(module, *, by, backend="", reason="", now=None):
                 changed_by=by,
                 last_error=reason or f"marked down by {by}",
                 next_probe_at=now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S")),
+                held=True,
+                held_until=until,
+                last_probe="",
+                last_probe_at=None,
                 updated_at=now,
             )
         )
@@ -223,15 +233,21 @@ def mark_down(module, *, by, backend="", reason="", now=None):
     return bool(marked)
 
 
+# Who marks a backend up without being a person: a person's hold does not yield to them.
+ENGINE_ACTORS = ("engine", "probe")
+
+
 def mark_up(module, *, by, backend="", now=None):
     """Mark a module's backend up (a person, or an answer that proved it); answers whether it changed.
 
-    Its waiting rows resume at once, spread over ``EVENT_OUTAGE_SPREAD_S``.
+    A backend a person holds down (`mark_down`) is marked up only by a person, or by the
+    engine once the hold's ``until`` has passed. Its waiting rows resume at once, spread
+    over ``EVENT_OUTAGE_SPREAD_S``.
     """
     now = now or timezone.now()
     with transaction.atomic():
         health = _rows(module, backend).select_for_update().filter(state=ModuleState.DOWN).first()
-        if health is None:
+        if health is None or (by in ENGINE_ACTORS and health.held_at(now)):
             return False
         ModuleHealth.objects.filter(pk=health.pk).update(
             state=ModuleState.UP,
@@ -239,6 +255,8 @@ def mark_up(module, *, by, backend="", now=None):
             streak_started_at=None,
             next_probe_at=None,
             changed_by=by,
+            held=False,
+            held_until=None,
             updated_at=now,
         )
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
@@ -336,9 +354,19 @@ def probe(module, now=None, backend=""):
     now = now or timezone.now()
     if not take_probe(module, now, backend=backend):
         return None
+    held = _rows(module, backend).filter(held=True).first()
+    held = held is not None and held.held_at(now)
     answer, reply = ask_health(module, backend)
     if answer is None:
-        return "canary"
+        return "down" if held else "canary"  # no ordinary call into a person's maintenance
+    if held:
+        # A person holds it down: say what the probe saw, and leave the backend down.
+        seen = f"answers (boot id {reply.value})" if reply.ok and reply.value else "answers" if reply.ok else None
+        seen = seen or (blame(answer) or reply.error)
+        _rows(module, backend).update(last_probe=seen[:500], last_probe_at=now)
+        if reply.ok:
+            note_boot(module, backend, reply.value, now)
+        return "down"
     if reply.ok:
         mark_up(module, backend=backend, by="probe", now=timezone.now())
         note_boot(module, backend, reply.value, now)

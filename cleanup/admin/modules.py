@@ -18,6 +18,7 @@ from django.http import HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -43,6 +44,17 @@ class MarkDownForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Why the backend is out (a deploy, a crash): shown beside every row and step that waits.",
     )
+    until = forms.DateTimeField(
+        required=False,
+        help_text="When the hold ends by itself (YYYY-MM-DD HH:MM). Empty: the backend stays down until a "
+        "person marks it up; probes only say what they see.",
+    )
+
+    def clean_until(self):
+        until = self.cleaned_data.get("until")
+        if until is not None and until <= timezone.now():
+            raise forms.ValidationError("The hold must end in the future.")
+        return until
 
     def clean_reason(self):
         reason = self.cleaned_data["reason"]
@@ -115,9 +127,14 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_shown(self, obj):
-        if obj.state == ModuleState.DOWN:
-            return format_html('<strong style="color:{}">down</strong>', "#ba2121")
-        return "up"
+        if obj.state != ModuleState.DOWN:
+            return "up"
+        down = format_html('<strong style="color:{}">down</strong>', "#ba2121")
+        if not obj.held_at(timezone.now()):
+            return down
+        until = f" until {when(obj.held_until)}" if obj.held_until else " until a person marks it up"
+        probe = f"; the last probe {when(obj.last_probe_at)}: {obj.last_probe}" if obj.last_probe else ""
+        return format_html("{}<br><small>held by {}{}{}</small>", down, obj.changed_by, until, probe)
 
     @admin.display(description="down since", ordering="down_since")
     def since(self, obj):
@@ -162,9 +179,11 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         form = MarkDownForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
             return self.ask_reason(request, healths, form)
-        reason = form.cleaned_data["reason"]
+        reason, until = form.cleaned_data["reason"], form.cleaned_data["until"]
         changed = [
-            h for h in healths if outages.mark_down(h.module, backend=h.backend, by=actor(request), reason=reason)
+            h
+            for h in healths
+            if outages.mark_down(h.module, backend=h.backend, by=actor(request), reason=reason, until=until)
         ]
         self.record(request, changed, f"Marked down: {reason}")
         self._report(request, changed, healths, "down")
@@ -208,8 +227,8 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         form = MarkDownForm(request.POST if request.method == "POST" else None)
         if not form.is_valid():
             return self.ask_reason(request, [health], form, one=True)
-        reason = form.cleaned_data["reason"]
-        changed = outages.mark_down(module, backend=backend, by=actor(request), reason=reason)
+        reason, until = form.cleaned_data["reason"], form.cleaned_data["until"]
+        changed = outages.mark_down(module, backend=backend, by=actor(request), reason=reason, until=until)
         health = ModuleHealth.objects.get(module=module, backend=backend)
         self.record(request, [health] if changed else [], f"Marked down: {reason}")
         self._report(request, [health] if changed else [], [health], "down")

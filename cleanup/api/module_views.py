@@ -103,7 +103,8 @@ class ModuleDownView(EventsAPI, APIView):
         body = s.MarkDownSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         known(name)
-        if not outages.mark_down(name, by=actor(request), reason=body.validated_data["reason"].strip()):
+        data = body.validated_data
+        if not outages.mark_down(name, by=actor(request), reason=data["reason"].strip(), until=data["until"]):
             raise Conflict(f"module {name} is already down")
         return Response(s.ModuleHealthSerializer(health_answer(name)).data)
 
@@ -150,8 +151,8 @@ class BackendDownView(EventsAPI, APIView):
         body.is_valid(raise_exception=True)
         backend_checked(backend)
         known(name)
-        reason = body.validated_data["reason"].strip()
-        if not outages.mark_down(name, backend=backend, by=actor(request), reason=reason):
+        reason, until = body.validated_data["reason"].strip(), body.validated_data["until"]
+        if not outages.mark_down(name, backend=backend, by=actor(request), reason=reason, until=until):
             raise Conflict(f"backend {name}/{backend} is already down")
         return Response(s.BackendHealthSerializer(backend_answer(name, backend)).data)
 

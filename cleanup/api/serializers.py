@@ -3,6 +3,7 @@
 May import: the models, conf, `outages`, `validation`.
 """
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -87,6 +88,18 @@ class MarkDownSerializer(StrictSerializer):
         max_length=validation.MAX_REASON,
         help_text="Why the backend is out; shown beside the work that waits, and logged with the actor.",
     )
+    until = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the hold ends by itself (ISO 8601, in the future). Without it the backend stays "
+        "down until a person marks it up: probes only say what they see.",
+    )
+
+    def validate_until(self, value):
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("until must be in the future.")
+        return value
 
 
 class ReconcileSerializer(StrictSerializer):
