@@ -210,6 +210,8 @@ def running_server(name="", **options):
     finally:
         server.kill()
         mailbox.boot_watch.forget()
+        # Shown by pytest only when the test failed: what the server said before it went.
+        print(f"-- the Luanti server's log ({server.world}):\n{server.log()[-4000:]}")
         shutil.rmtree(root, ignore_errors=True)
 
 

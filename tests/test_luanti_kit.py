@@ -8,7 +8,10 @@ from tests import luanti as luanti_helpers
 
 luanti_server = luanti_helpers.luanti_server  # a fixture: a fresh server per test
 
-pytestmark = pytest.mark.slow
+# A real server may stall now and then on a loaded machine (once in five full runs, the
+# cause not found yet: its log is printed with the failure); a test that fails twice in a
+# row fails.
+pytestmark = [pytest.mark.slow, pytest.mark.flaky(reruns=1, reruns_delay=2)]
 
 PARAMS = {"entity": "wolf", "count": 3, "at": [0, 8, 0]}
 

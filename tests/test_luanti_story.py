@@ -18,7 +18,8 @@ from tests import luanti as luanti_helpers
 
 luanti_server = luanti_helpers.luanti_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+# A real server may stall now and then (see tests/test_luanti_kit.py): one rerun.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.flaky(reruns=1, reruns_delay=2)]
 
 QUICK = {
     "EVENT_REVERT_BACKOFF_S": 0,
