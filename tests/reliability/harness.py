@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import pytest
 from django.conf import settings
+from django.db.models import Q
 
 from cleanup.models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run
 
@@ -181,12 +182,15 @@ def workers(tmp_path):
 
 
 def settled():
-    """Nothing claimed and nothing the sweep would still try."""
-    return not Resource.objects.filter(state=ResourceState.REVERTING).exists() and not (
-        Resource.objects.filter(
-            state__in=(ResourceState.LIVE, ResourceState.FAILED), retryable=True, revert_attempts__lt=MAX_ATTEMPTS
-        ).exists()
+    """Nothing claimed and nothing the sweep would still try.
+
+    One query, one snapshot: asked in two, a row claimed between them (failed, then
+    reverting) would be in neither, and the sweep would look settled while it works.
+    """
+    working = Q(state=ResourceState.REVERTING) | Q(
+        state__in=(ResourceState.LIVE, ResourceState.FAILED), retryable=True, revert_attempts__lt=MAX_ATTEMPTS
     )
+    return not Resource.objects.filter(working).exists()
 
 
 def status_disagreements():
