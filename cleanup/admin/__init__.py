@@ -22,3 +22,7 @@ from . import alerts, modules, resources, runs  # noqa: F401  (each registers it
 
 # Lists need the width more than a second menu of the models the index already lists.
 admin.site.enable_nav_sidebar = False
+# The index leads with what needs a person. A project that set its own index keeps it
+# (and can include "admin/cleanup/attention.html" in it).
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/cleanup/index.html"
