@@ -99,28 +99,52 @@ def reconcile_task(module=None, restarted=False, backend=None):
     return vars(summary)
 
 
+PRUNE_SCHEDULE_NAME = "events: prune"
+PRUNE_FUNC = "cleanup.tasks.prune_task"
+
+# Each schedule the app keeps, by name: the tick every minute, the prune every hour.
+SCHEDULES = {
+    SCHEDULE_NAME: {"func": SCHEDULE_FUNC, "schedule_type": "I", "minutes": 1, "repeats": -1},
+    PRUNE_SCHEDULE_NAME: {"func": PRUNE_FUNC, "schedule_type": "H", "minutes": None, "repeats": -1},
+}
+
+# The scheduled prune deletes at most this many batches a run: an hour's backlog of a
+# busy site in one go, and a first prune of years of history spread over hours.
+PRUNE_TASK_BATCHES = 20
+
+
+def prune_task():
+    from .retention import prune
+
+    return prune(max_batches=PRUNE_TASK_BATCHES).line()
+
+
 def ensure_schedule(**kwargs):
-    """Create or update the tick's schedule, by name; running it again changes nothing.
+    """Create or update the app's schedules, by name; running it again changes nothing.
 
     `Schedule.name` is not unique in django-q2, so two processes starting at once may
     both create one: whoever creates also removes every copy but the oldest, and both
-    end with the same single row.
+    end with the same single row. Answers the tick's schedule.
     """
+    ensured = {name: _ensure_one(name, fields) for name, fields in SCHEDULES.items()}
+    return ensured[SCHEDULE_NAME]
+
+
+def _ensure_one(name, fields):
     from django_q.models import Schedule
 
-    fields = {"func": SCHEDULE_FUNC, "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1}
     with transaction.atomic():
-        schedule = Schedule.objects.select_for_update().filter(name=SCHEDULE_NAME).order_by("id").first()
+        schedule = Schedule.objects.select_for_update().filter(name=name).order_by("id").first()
         if schedule is None:
-            Schedule.objects.create(name=SCHEDULE_NAME, **fields)
+            Schedule.objects.create(name=name, **fields)
         else:
             changed = [k for k, v in fields.items() if getattr(schedule, k) != v]
             for k in changed:
                 setattr(schedule, k, fields[k])
             if changed:
                 schedule.save(update_fields=changed)
-    oldest = Schedule.objects.filter(name=SCHEDULE_NAME).order_by("id").first()
-    Schedule.objects.filter(name=SCHEDULE_NAME).exclude(pk=oldest.pk).delete()
+    oldest = Schedule.objects.filter(name=name).order_by("id").first()
+    Schedule.objects.filter(name=name).exclude(pk=oldest.pk).delete()
     return oldest
 
 
