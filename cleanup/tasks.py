@@ -7,6 +7,7 @@ May import: anything of the engine; nothing imports it but django-q2 (by dotted
 path), the app config, and surfaces that queue work.
 """
 
+import functools
 import logging
 
 from django.db import transaction
@@ -22,13 +23,27 @@ from .enqueue import (  # noqa: F401
     queue_sweep,
     queue_tick,
 )
+from .logs import log_context
 
 logger = logging.getLogger(__name__)
+
+
+def task(fn):
+    """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with log_context(task=fn.__name__):
+            return fn(*args, **kwargs)
+
+    return run
+
 
 SCHEDULE_NAME = "events: tick"
 SCHEDULE_FUNC = TICK
 
 
+@task
 def tick_task():
     from .runner import tick
 
@@ -37,6 +52,7 @@ def tick_task():
     return line
 
 
+@task
 def sweep_task():
     from datetime import timedelta
 
@@ -53,13 +69,21 @@ def sweep_task():
     return result.line()
 
 
+@task
 def cleanup_run_task(run_id, actor=None):
     from .models import Run
-    from .sweep import Ahead, cleanup_run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
+    with log_context(run=run_id):
+        return _cleanup_run(run, actor)
+
+
+def _cleanup_run(run, actor):
+    from .sweep import Ahead, cleanup_run
+
+    run_id = run.pk
     ahead = Ahead(lambda: queue_cleanup(run_id, actor=actor))
     summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
     if summary.work_left:
@@ -68,6 +92,7 @@ def cleanup_run_task(run_id, actor=None):
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
 
+@task
 def cleanup_runs_task(run_ids, actor=None):
     """Several runs a person retried at once: one pass each, a moment apart (`clean_in_turn`)."""
     from .manual import clean_in_turn
@@ -87,6 +112,7 @@ def notice_staff():
         logger.exception("could not send the cleanup alerts; the next tick tries again")
 
 
+@task
 def reconcile_task(module=None, restarted=False, backend=None):
     from .reconcile import reconcile_all, reconcile_module
 
@@ -113,6 +139,7 @@ SCHEDULES = {
 PRUNE_TASK_BATCHES = 20
 
 
+@task
 def prune_task():
     from .retention import prune
 
@@ -148,6 +175,7 @@ def _ensure_one(name, fields):
     return oldest
 
 
+@task
 def startup_task():
     """What a worker queues when it starts: the schedule, then a reconcile of every module."""
     ensure_schedule()
