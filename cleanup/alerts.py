@@ -14,7 +14,7 @@ A module's backend going down and coming back are told the same way, once per ch
 rather than once per run it holds up: `notice_modules` claims each `ModuleEvent`
 (``module.down``, ``module.up``) by a conditional UPDATE of its ``alerted_at`` and writes
 its outbox in the same transaction.
-May import: the models and conf; never the pass, which knows nothing of alerts.
+May import: the models, conf and `logs`; never the pass, which knows nothing of alerts.
 """
 
 import logging
@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from .conf import setting
+from .logs import about
 from .models import (
     TERMINAL,
     UNRESOLVED,
@@ -108,7 +109,7 @@ def tell(run_id):
         Alert.objects.bulk_create(
             Alert(run=run, event=event, channel=channel, payload=message) for channel in channels()
         )
-    logger.info("run %s: %s", run_id, event)
+    logger.info("run %s: %s", run_id, event, extra=about(run=run_id))
     return event
 
 

@@ -7,6 +7,7 @@ shape the contract promises.
 May import: conf only. Imported by everything that calls a module.
 """
 
+import contextvars
 import enum
 import functools
 import inspect
@@ -110,6 +111,11 @@ def start(fn, *, what, backend=None, **kwargs):
     """
     future = Future()
     kwargs = {**kwargs, **backend_kwargs(fn, backend)}
+    # The caller's log context (its run, module, backend, task) goes with the call.
+    context = contextvars.copy_context()
+
+    def call_in_context():
+        return context.run(run)
 
     def run():
         try:
@@ -120,7 +126,7 @@ def start(fn, *, what, backend=None, **kwargs):
         finally:
             connections.close_all()
 
-    _workers.submit(run, future.set_result)
+    _workers.submit(call_in_context, future.set_result)
     return future
 
 

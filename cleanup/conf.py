@@ -121,6 +121,16 @@ SETTINGS = (
     Setting(
         "EVENT_SITE_URL", "", None, None, "the start of links in alerts, such as `https://events.example.com`", kind=URL
     ),
+    # Retention (cleanup.retention): what ended long ago is deleted, in bounded batches.
+    Setting(
+        "EVENT_RETENTION_DAYS",
+        90,
+        0,
+        36_500,
+        "runs that ended this many days ago with nothing unresolved are deleted with their ledger; also the "
+        "bound on sent alerts and the modules' log; 0 keeps everything",
+    ),
+    Setting("EVENT_PRUNE_BATCH", 500, 1, 10_000, "runs deleted per batch (one short transaction each)"),
     # The site's probe (/healthz). The tick is due every minute: a few missed ones are a
     # slow worker, more is no worker.
     Setting(

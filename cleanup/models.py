@@ -154,6 +154,12 @@ class Run(models.Model):
                 name="run_running_wake_idx",
                 condition=Q(status="running"),
             ),
+            # cleanup.retention: ended runs, oldest first.
+            models.Index(
+                fields=["ended_at"],
+                name="run_ended_idx",
+                condition=Q(status__in=["completed", "cancelled", "aborted"]),
+            ),
             # The admin's "needs attention": runs whose cleanup gave up.
             models.Index(fields=["id"], name="run_incomplete_idx", condition=Q(cleanup_status="incomplete")),
             # cleanup.sweep.statuses.repair_statuses: runs still waiting for their cleanup.

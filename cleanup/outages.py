@@ -25,7 +25,7 @@ The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every s
 ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
 changed the row logs the change. Every function takes ``backend=""``: a module with one
 backend passes nothing.
-May import: the models, conf, `calls`, `registry`, `enqueue`. Imported by the runner and the pass.
+May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`. Imported by the runner and the pass.
 """
 
 import logging
@@ -39,6 +39,7 @@ from django.utils import timezone
 from . import calls, registry
 from .conf import setting
 from .enqueue import queue_reconcile
+from .logs import about
 from .models import (
     CLAIMABLE,
     TERMINAL,
@@ -153,7 +154,12 @@ def _mark_down_after_streak(module, backend, now):
             failures=health.failures_in_row,
             forgiven=forgiven,
         )
-    logger.warning("%s marked down: %s", backend_name(module, backend), health.last_error)
+    logger.warning(
+        "%s marked down: %s",
+        backend_name(module, backend),
+        health.last_error,
+        extra=about(module=module, backend=backend),
+    )
     return True
 
 
@@ -262,7 +268,7 @@ def mark_up(module, *, by, backend="", now=None):
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
         _log(module, ModuleEventKind.UP, now, backend=backend, by=by, down_for_s=down_for, last_error=health.last_error)
     spread_waiting(module, now, backend=backend)
-    logger.warning("%s marked up by %s", backend_name(module, backend), by)
+    logger.warning("%s marked up by %s", backend_name(module, backend), by, extra=about(module=module, backend=backend))
     return True
 
 

@@ -12,7 +12,7 @@ One ticker at a time advances a run: it claims the run with a conditional UPDATE
 and expiry, like the ledger's claims), and each step's attempt is taken with another,
 so two tickers never perform one step at once, and a ticker that died mid-step leaves a
 claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
-May import: the pass (`cleanup.sweep`), `ledger`, `outages`, `calls`, `registry`,
+May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `calls`, `registry`,
 `validation`, `enqueue`, the models and conf; never a surface.
 """
 
@@ -30,6 +30,7 @@ from django.utils import timezone
 from . import calls, ledger, outages, registry, validation
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
+from .logs import about, log_context
 from .models import LEASE_KIND, LogKind, Resource, Run, RunLog, RunStatus, Step, StepStatus
 from .sweep import past, refresh_cleanup_status, sweep
 
@@ -282,9 +283,10 @@ def advance(by="tick", deadline=None):
             result.work_left = True
             break
         try:
-            performed = advance_run(run_id, deadline=deadline)
+            with log_context(run=run_id):
+                performed = advance_run(run_id, deadline=deadline)
         except Exception:
-            logger.exception("advancing run %s failed", run_id)
+            logger.exception("advancing run %s failed", run_id, extra=about(run=run_id))
             continue
         if performed is not None:
             result.runs += 1

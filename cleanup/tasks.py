@@ -7,6 +7,7 @@ May import: anything of the engine; nothing imports it but django-q2 (by dotted
 path), the app config, and surfaces that queue work.
 """
 
+import functools
 import logging
 
 from django.db import transaction
@@ -22,13 +23,27 @@ from .enqueue import (  # noqa: F401
     queue_sweep,
     queue_tick,
 )
+from .logs import log_context
 
 logger = logging.getLogger(__name__)
+
+
+def task(fn):
+    """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with log_context(task=fn.__name__):
+            return fn(*args, **kwargs)
+
+    return run
+
 
 SCHEDULE_NAME = "events: tick"
 SCHEDULE_FUNC = TICK
 
 
+@task
 def tick_task():
     from .runner import tick
 
@@ -37,6 +52,7 @@ def tick_task():
     return line
 
 
+@task
 def sweep_task():
     from datetime import timedelta
 
@@ -53,13 +69,21 @@ def sweep_task():
     return result.line()
 
 
+@task
 def cleanup_run_task(run_id, actor=None):
     from .models import Run
-    from .sweep import Ahead, cleanup_run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None or not run.is_terminal:
         return f"run {run_id} is not there or not ended; nothing to clean"
+    with log_context(run=run_id):
+        return _cleanup_run(run, actor)
+
+
+def _cleanup_run(run, actor):
+    from .sweep import Ahead, cleanup_run
+
+    run_id = run.pk
     ahead = Ahead(lambda: queue_cleanup(run_id, actor=actor))
     summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
     if summary.work_left:
@@ -68,6 +92,7 @@ def cleanup_run_task(run_id, actor=None):
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
 
+@task
 def cleanup_runs_task(run_ids, actor=None):
     """Several runs a person retried at once: one pass each, a moment apart (`clean_in_turn`)."""
     from .manual import clean_in_turn
@@ -87,6 +112,7 @@ def notice_staff():
         logger.exception("could not send the cleanup alerts; the next tick tries again")
 
 
+@task
 def reconcile_task(module=None, restarted=False, backend=None):
     from .reconcile import reconcile_all, reconcile_module
 
@@ -99,31 +125,57 @@ def reconcile_task(module=None, restarted=False, backend=None):
     return vars(summary)
 
 
+PRUNE_SCHEDULE_NAME = "events: prune"
+PRUNE_FUNC = "cleanup.tasks.prune_task"
+
+# Each schedule the app keeps, by name: the tick every minute, the prune every hour.
+SCHEDULES = {
+    SCHEDULE_NAME: {"func": SCHEDULE_FUNC, "schedule_type": "I", "minutes": 1, "repeats": -1},
+    PRUNE_SCHEDULE_NAME: {"func": PRUNE_FUNC, "schedule_type": "H", "minutes": None, "repeats": -1},
+}
+
+# The scheduled prune deletes at most this many batches a run: an hour's backlog of a
+# busy site in one go, and a first prune of years of history spread over hours.
+PRUNE_TASK_BATCHES = 20
+
+
+@task
+def prune_task():
+    from .retention import prune
+
+    return prune(max_batches=PRUNE_TASK_BATCHES).line()
+
+
 def ensure_schedule(**kwargs):
-    """Create or update the tick's schedule, by name; running it again changes nothing.
+    """Create or update the app's schedules, by name; running it again changes nothing.
 
     `Schedule.name` is not unique in django-q2, so two processes starting at once may
     both create one: whoever creates also removes every copy but the oldest, and both
-    end with the same single row.
+    end with the same single row. Answers the tick's schedule.
     """
+    ensured = {name: _ensure_one(name, fields) for name, fields in SCHEDULES.items()}
+    return ensured[SCHEDULE_NAME]
+
+
+def _ensure_one(name, fields):
     from django_q.models import Schedule
 
-    fields = {"func": SCHEDULE_FUNC, "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1}
     with transaction.atomic():
-        schedule = Schedule.objects.select_for_update().filter(name=SCHEDULE_NAME).order_by("id").first()
+        schedule = Schedule.objects.select_for_update().filter(name=name).order_by("id").first()
         if schedule is None:
-            Schedule.objects.create(name=SCHEDULE_NAME, **fields)
+            Schedule.objects.create(name=name, **fields)
         else:
             changed = [k for k, v in fields.items() if getattr(schedule, k) != v]
             for k in changed:
                 setattr(schedule, k, fields[k])
             if changed:
                 schedule.save(update_fields=changed)
-    oldest = Schedule.objects.filter(name=SCHEDULE_NAME).order_by("id").first()
-    Schedule.objects.filter(name=SCHEDULE_NAME).exclude(pk=oldest.pk).delete()
+    oldest = Schedule.objects.filter(name=name).order_by("id").first()
+    Schedule.objects.filter(name=name).exclude(pk=oldest.pk).delete()
     return oldest
 
 
+@task
 def startup_task():
     """What a worker queues when it starts: the schedule, then a reconcile of every module."""
     ensure_schedule()

@@ -243,16 +243,30 @@ MAIL_CONFIGURED = bool(os.environ.get("EMAIL_HOST") and ADMINS)
 
 # A request that fails is logged with its traceback on standard error (where gunicorn and
 # systemd collect it), and mailed to ADMINS when mail is configured.
+# LOG_FORMAT=json: one JSON object per line on standard error (time, level, logger,
+# message, and the run, module, backend and task a line is about where known); plain
+# text by default.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower() or "plain"
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "cleanup.logs.JsonFormatter"},
+    },
+    "filters": {"context": {"()": "cleanup.logs.ContextFilter"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]},
         "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR"},
     },
     "loggers": {
         "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+        "eventsite": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+        # django-q2 adds a handler of its own only to a logger that has none.
+        "django-q": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": False},
         "django.request": {
             "handlers": ["console", *(["mail_admins"] if MAIL_CONFIGURED else [])],
             "level": "ERROR",

@@ -12,7 +12,7 @@ A call that outlives its budget is not stopped (nothing can stop it) and not ret
 while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
 claim while the call still runs in this process and lets it go once the call ends. If
 the process dies the claim simply expires, as any dead sweeper's does.
-May import: the models, conf, `calls`, `registry`, `outages`, `leases`.
+May import: the models, conf, `logs`, `calls`, `registry`, `outages`, `leases`.
 """
 
 import logging
@@ -30,6 +30,7 @@ from django.utils import timezone
 from .. import calls, outages, registry
 from ..calls import Outcome, Verdict
 from ..conf import claim_timeout_s, setting
+from ..logs import log_context
 from ..models import LEASE_KIND, STEP_KIND, Resource, ResourceState
 from .claims import mark_called
 from .leases import HANDED_DOWN, give_back_lease
@@ -230,7 +231,8 @@ class _Flight:
                 self.results.append(Called(job.group, None, job.what))
             return
         for job in wave:
-            future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
+            with log_context(run=job.group.run_id, module=job.module, backend=job.backend):
+                future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
             future.add_done_callback(lambda _f: self.woken.set())
             self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
 
