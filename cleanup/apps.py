@@ -16,10 +16,12 @@ class CleanupConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.core.signals import request_finished
         from django.db.backends.signals import connection_created
         from django_q.signals import post_spawn
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .counters import flush_after_request
         from .runner import register_builtins
         from .sweep.statements import ready_new_connection
         from .tasks import on_worker_start
@@ -27,6 +29,8 @@ class CleanupConfig(AppConfig):
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)
         connection_created.connect(ready_new_connection, dispatch_uid="cleanup.ready_new_connection")
         post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
+        # What a request counted for the metrics is written when it ends (`cleanup.counters`).
+        request_finished.connect(flush_after_request, dispatch_uid="cleanup.counters.flush")
         register_builtins()
 
 

@@ -4,7 +4,7 @@ This is the only place the engine reads what a module said. Each classifier turn
 untrusted answer into a verdict, and no shape a failure can take reads as success: only
 a dict whose ``ok`` is exactly ``True`` is one, and then only when the rest of it has the
 shape the contract promises.
-May import: conf only. Imported by everything that calls a module.
+May import: conf, `logs` and `counters` only. Imported by everything that calls a module.
 """
 
 import contextvars
@@ -15,12 +15,14 @@ import logging
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from django.db import connections
 
+from . import counters, logs
 from .conf import claim_timeout_s, default_budget_ms
 
 logger = logging.getLogger(__name__)
@@ -101,48 +103,86 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def start(fn, *, what, backend=None, **kwargs):
+def start(fn, *, what, backend=None, verb=None, module=None, **kwargs):
     """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
 
     ``backend`` (which of the module's backends the call is for) is passed on as the
-    keyword ``backend`` when ``fn`` takes it (`backend_kwargs`). The call happens outside
-    any database transaction of the caller's, on a worker with its own connections,
-    which it closes when the call ends.
+    keyword ``backend`` when ``fn`` takes it (`backend_kwargs`). ``verb`` and ``module``
+    name the call in the metrics (`_Metric`; else they are read off ``fn`` and ``what``)
+    and are not passed on. The call happens outside any database transaction of the
+    caller's, on a worker with its own connections, which it closes when the call ends.
     """
     future = Future()
     kwargs = {**kwargs, **backend_kwargs(fn, backend)}
     # The caller's log context (its run, module, backend, task) goes with the call.
     context = contextvars.copy_context()
+    future.metric = _Metric(fn, what, backend, verb, module, logs.current())
 
     def call_in_context():
         return context.run(run)
 
     def run():
+        began = time.monotonic()
+        outcome = "ok"
         try:
             return Answer(raw=fn(**kwargs))
         except BaseException as exc:  # a module's failure is an answer, not a crash
+            outcome = "error"
             logger.warning("%s raised %s: %s", what, type(exc).__name__, exc)
             return Answer(exception=f"{what} raised {type(exc).__name__}: {exc}")
         finally:
+            future.metric.record(outcome, time.monotonic() - began)
             connections.close_all()
 
     _workers.submit(call_in_context, future.set_result)
     return future
 
 
+# What a module is called for, as the metrics name it.
+VERBS = ("perform", "revert", "reconcile", "read", "apply", "restore", "health")
+
+
+class _Metric:
+    """A call's place in the metrics: counted once, when it answers or runs out of budget."""
+
+    def __init__(self, fn, what, backend, verb, module, context):
+        owner = getattr(fn, "__self__", None)
+        if verb is None:
+            suffix = str(what).rpartition(".")[2]
+            verb = fn.__name__ if owner is not None else suffix if suffix in VERBS else "call"
+        self.labels = {
+            "module": module or getattr(owner, "module", None) or context.get("module") or "",
+            "backend": backend if backend is not None else context.get("backend", ""),
+            "verb": verb,
+        }
+        self._lock = threading.Lock()
+        self._done = False
+
+    def record(self, outcome, seconds):
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        counters.add("module_calls_total", {**self.labels, "outcome": outcome})
+        counters.observe("module_call_seconds", self.labels, seconds)
+
+
 def overdue(future, budget_ms, what):
     """The answer of a call that did not end within its budget."""
     logger.warning("%s did not answer within %s ms", what, budget_ms)
+    metric = getattr(future, "metric", None)
+    if metric is not None:
+        metric.record("timeout", budget_ms / 1000)
     return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms", still_running=future)
 
 
-def call(fn, *, budget_ms, what, backend=None, **kwargs):
+def call(fn, *, budget_ms, what, backend=None, verb=None, module=None, **kwargs):
     """Call ``fn(**kwargs)`` and wait at most ``budget_ms`` for it. Never raises.
 
     A module that hangs costs the caller its budget and no more; the call is abandoned,
     not stopped, which is why the module contract asks for idempotent calls.
     """
-    future = start(fn, what=what, backend=backend, **kwargs)
+    future = start(fn, what=what, backend=backend, verb=verb, module=module, **kwargs)
     try:
         return future.result(timeout=budget_ms / 1000)
     except FutureTimeout:

@@ -16,6 +16,7 @@ from django.conf import settings
 # Kinds of value, as docs/settings.md names them.
 INT = "whole number"
 URL = "URL"
+TEXT = "text"
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,23 @@ SETTINGS = (
         "bound on sent alerts and the modules' log; 0 keeps everything",
     ),
     Setting("EVENT_PRUNE_BATCH", 500, 1, 10_000, "runs deleted per batch (one short transaction each)"),
+    # The site's metrics (cleanup.metrics, `GET /metrics`).
+    Setting(
+        "EVENT_METRICS_TOKEN",
+        "",
+        None,
+        None,
+        "a scrape of the metrics must send `Authorization: Bearer` this; empty: only from loopback",
+        kind=TEXT,
+    ),
+    Setting(
+        "EVENT_METRICS_NAMESPACE",
+        "events",
+        None,
+        None,
+        "the first word of every metric's name (`events_ledger_rows`); the example site sets its own name",
+        kind=TEXT,
+    ),
     # The site's probe (/healthz). The tick is due every minute: a few missed ones are a
     # slow worker, more is no worker.
     Setting(
@@ -191,4 +209,4 @@ def _shown(default):
 def _accepts(entry):
     if entry.kind == INT and entry.low is not None:
         return f"{entry.low} to {entry.high}"
-    return f"{entry.kind}, empty for none" if entry.kind == URL else f"{entry.kind} (not checked)"
+    return f"{entry.kind}, empty for none" if entry.kind in (URL, TEXT) else f"{entry.kind} (not checked)"

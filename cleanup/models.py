@@ -653,3 +653,23 @@ class Alert(models.Model):
     def __str__(self):
         about = f"run {self.run_id}" if self.run_id else f"module {self.module}"
         return f"{self.event} for {about} by {self.channel}"
+
+
+class Counter(models.Model):
+    """One counter the site's metrics show (`cleanup.counters`), shared by every process.
+
+    Processes add to counters in memory and write the sums now and then, one upsert per
+    counter, so a counter is right whichever process serves the scrape. ``key`` is the
+    name with its labels, as the metrics text writes it.
+    """
+
+    key = models.CharField(max_length=500, unique=True)
+    name = models.CharField(max_length=200)
+    labels = models.TextField(default="{}")  # JSON, sorted keys
+    value = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self):
+        return f"{self.key} {self.value}"

@@ -345,7 +345,7 @@ def ask_health(module, backend=""):
     if fn is None:
         return None, None
     what = f"{backend_name(module, backend)}.health"
-    answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=what, backend=backend)
+    answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=what, backend=backend, verb="health", module=module)
     return answer, calls.classify_health(answer, what)
 
 
@@ -530,7 +530,7 @@ def hold(module, now=None, backend=""):
 
 def call(entry, fn, *, budget_ms, what, backend="", **kwargs):
     """`calls.call`, with the answer counted towards the health of ``entry``'s module's backend."""
-    answer = calls.call(fn, budget_ms=budget_ms, what=what, backend=backend, **kwargs)
+    answer = calls.call(fn, budget_ms=budget_ms, what=what, backend=backend, module=entry.module, **kwargs)
     record(entry.module, blame(answer), backend=backend, key=what, ambiguous=answer.timed_out)
     return answer
 

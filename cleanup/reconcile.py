@@ -73,6 +73,8 @@ def _ask(group):
         budget_ms=calls.budget_of(action),
         what=action_id,
         backend=group[0].backend,
+        verb="reconcile",
+        module=action.module,
         run_id=group[0].run_id,
         resources=[{"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key} for r in group],
     )

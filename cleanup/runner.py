@@ -450,6 +450,7 @@ def _perform_action(step):
         budget_ms=calls.budget_under_claim(action),
         what=step.action_id,
         backend=step.backend,
+        verb="perform",
         run_id=step.run_id,
         step_id=step.pk,
         params=step.params,

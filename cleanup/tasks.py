@@ -12,6 +12,8 @@ import logging
 
 from django.db import transaction
 
+from . import counters
+
 # The queueing helpers live in `cleanup.enqueue`, which the engine uses too; the surfaces
 # that queue work (the API, the admin) may keep importing them from here.
 from .enqueue import (  # noqa: F401
@@ -29,12 +31,16 @@ logger = logging.getLogger(__name__)
 
 
 def task(fn):
-    """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`)."""
+    """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`), and
+    what it counted is written for the metrics when it ends (`cleanup.counters`)."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with log_context(task=fn.__name__):
-            return fn(*args, **kwargs)
+        try:
+            with log_context(task=fn.__name__):
+                return fn(*args, **kwargs)
+        finally:
+            counters.flush()  # what the task counted, for the metrics
 
     return run
 

@@ -314,12 +314,19 @@ SPECTACULAR_SETTINGS = {
 # from the environment variable of that name when it is set. Unset, the Django setting stays
 # unset and the engine uses the default in cleanup.conf's table, where each is read at the
 # moment of use (so override_settings works) and checked by the system checks.
-_ENGINE_READERS = {engine_conf.INT: lambda name: env_int(name, None), engine_conf.URL: os.environ.get}
+_ENGINE_READERS = {
+    engine_conf.INT: lambda name: env_int(name, None),
+    engine_conf.URL: os.environ.get,
+    engine_conf.TEXT: os.environ.get,
+}
 for _entry in engine_conf.SETTINGS:
     for _name in _entry.names:
         _value = _ENGINE_READERS[_entry.kind](_name)
         if _value is not None:
             globals()[_name] = _value
+
+# The site's metrics are named after it (eventsite_ledger_rows, ...) unless set otherwise.
+EVENT_METRICS_NAMESPACE = os.environ.get("EVENT_METRICS_NAMESPACE", "eventsite")
 
 # django-q2: on Redis when REDIS_URL is set, so that several worker machines share one
 # queue; on the ORM broker (the database, nothing more to run) otherwise. A task is handed

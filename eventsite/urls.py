@@ -4,6 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from cleanup.metrics import metrics
 from cleanup.sitecheck import healthz
 
 # The root only points at the admin: GET and HEAD, and 405 (with Allow) for any other
@@ -16,6 +17,7 @@ docs = SpectacularSwaggerView.as_view(url_name="schema", http_method_names=["get
 urlpatterns = [
     path("", root),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/events/", include("cleanup.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -25,6 +25,16 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(autouse=True)
+def fresh_counters():
+    """What one test counted for the metrics is not written by the next (`cleanup.counters`)."""
+    from cleanup import counters
+
+    counters.forget()
+    yield
+    counters.forget()
+
+
+@pytest.fixture(autouse=True)
 def fresh_watch():
     """Each test's first tick watches the backends, as a process's first tick does."""
     from cleanup import runner

@@ -10,7 +10,7 @@ stages send. Work is found from the rows, never from a flag (rule 2).
 
 This module is the pass's public face: `sweep`, `cleanup_run`, `run_batch`, `Ahead`,
 `CleanupRefused`, `SweepResult`, `refresh_cleanup_status`, `runs_needing_cleanup`, `past`.
-May import: its own stages, `outages`, the models and conf; never a surface, `manual` or
+May import: its own stages, `outages`, `counters`, the models and conf; never a surface, `manual` or
 `runner` (they import it).
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from .. import outages
+from .. import counters, outages
 from ..conf import setting
 from ..models import Run
 from . import claims, dispatch, statuses, verdicts
@@ -93,7 +93,16 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
     if summary is None:
         summary = Summary(remaining=refresh_cleanup_status(run))
     summary.work_left = work_left
+    _count_pass(summary)
     return summary
+
+
+def _count_pass(summary):
+    """The pass and its verdicts in the site's metrics (`cleanup.counters`)."""
+    counters.add("sweep_passes_total")
+    for verdict in ("reverted", "drifted", "failed"):
+        if getattr(summary, verdict):
+            counters.add("sweep_rows_total", {"verdict": verdict}, getattr(summary, verdict))
 
 
 def run_batch(
@@ -211,6 +220,7 @@ def sweep(by="sweep", deadline=None, ahead=None):
         result.work_left = True  # a run may have been left with groups to work
     if not (summaries or work_left or repaired):
         _repair_statuses(batch, busy=False)
+    _count_pass(result.summary)
     return result
 
 

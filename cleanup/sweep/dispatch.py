@@ -232,7 +232,9 @@ class _Flight:
             return
         for job in wave:
             with log_context(run=job.group.run_id, module=job.module, backend=job.backend):
-                future = calls.start(job.fn, what=job.what, backend=job.backend, **job.kwargs)
+                future = calls.start(
+                    job.fn, what=job.what, backend=job.backend, verb="revert", module=job.module, **job.kwargs
+                )
             future.add_done_callback(lambda _f: self.woken.set())
             self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
 

@@ -1,0 +1,107 @@
+"""Counters for the site's metrics, shared by every process through the database.
+
+A process adds to its counters in memory (`add`, `observe` for a histogram of seconds),
+from any thread, and `flush()` writes the sums: one upsert per counter, adding to what
+is stored, so the counters of every gunicorn worker and every cluster process add up
+whichever of them serves ``/metrics`` (`cleanup.metrics`). The app flushes at the end of
+each task and each request, and when a process exits; nothing is lost but the sums of a
+process killed before its next flush.
+May import: the models.
+"""
+
+import atexit
+import json
+import logging
+import threading
+from collections import defaultdict
+
+from django.db import DatabaseError, connection
+
+logger = logging.getLogger(__name__)
+
+# The buckets of every histogram of seconds: module calls answer in milliseconds to the
+# budget's seconds.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_lock = threading.Lock()
+_pending: dict[str, list] = defaultdict(lambda: [None, None, 0.0])
+
+
+def key_of(name, labels):
+    """The counter's key: its name and labels as the metrics text writes them."""
+    inner = ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
+    return f"{name}{{{inner}}}"
+
+
+def add(name, labels=None, amount=1.0):
+    labels = {k: str(v) for k, v in (labels or {}).items()}
+    key = key_of(name, labels)
+    with _lock:
+        entry = _pending[key]
+        entry[0], entry[1] = name, labels
+        entry[2] += amount
+
+
+def observe(name, labels, seconds):
+    """One observation of a histogram: its bucket (the smallest ``le`` that holds it), sum and count."""
+    le = next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
+    add(f"{name}_bucket", {**labels, "le": le})
+    add(f"{name}_sum", labels, seconds)
+    add(f"{name}_count", labels)
+
+
+def pending():
+    with _lock:
+        return {key: tuple(entry) for key, entry in _pending.items()}
+
+
+def forget():
+    """Drop what this process counted and did not write (a test's leftovers)."""
+    with _lock:
+        _pending.clear()
+
+
+def flush(quiet=False):
+    """Write what this process counted since its last flush; never raises."""
+    with _lock:
+        taken = [(key, name, labels, value) for key, (name, labels, value) in _pending.items() if value]
+        _pending.clear()
+    if not taken:
+        return 0
+    from .models import Counter
+
+    table = connection.ops.quote_name(Counter._meta.db_table)
+    sql = (
+        f"INSERT INTO {table} (key, name, labels, value) VALUES (%s, %s, %s, %s) "
+        f"ON CONFLICT (key) DO UPDATE SET value = {table}.value + excluded.value"
+    )
+    try:
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                sql, [(key, name, json.dumps(labels, sort_keys=True), value) for key, name, labels, value in taken]
+            )
+    except DatabaseError:
+        # Put them back: the next flush tries again.
+        with _lock:
+            for key, name, labels, value in taken:
+                entry = _pending[key]
+                entry[0], entry[1] = name, labels
+                entry[2] += value
+        if not quiet:
+            logger.warning("could not write the metrics counters; the next flush tries again", exc_info=True)
+        return 0
+    return len(taken)
+
+
+def flush_after_request(**kwargs):
+    flush()
+
+
+def _flush_at_exit():
+    try:
+        flush(quiet=True)
+    except Exception:  # the database may be gone with the process
+        pass
+
+
+atexit.register(_flush_at_exit)
