@@ -4,6 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from cleanup.api.urls import legacy_urlpatterns
 from cleanup.sitecheck import healthz
 
 # The root only points at the admin: GET and HEAD, and 405 (with Allow) for any other
@@ -17,7 +18,9 @@ urlpatterns = [
     path("", root),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
-    path("api/events/", include("cleanup.api.urls")),
+    path("api/v1/events/", include("cleanup.api.urls")),
+    # The old prefix answers the same, marked deprecated (Deprecation, Link: successor-version).
+    path("api/events/", include(legacy_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", docs, name="api-docs"),
 ]

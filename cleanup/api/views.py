@@ -5,12 +5,11 @@ queueing, the API's own modules.
 """
 
 from django.db.models import Count, Q
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -25,19 +24,13 @@ from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import serializers as s
-from .errors import NOT_FOUND
+from .errors import Conflict, error_response
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 
 # The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
 # instead of matching nothing.
 MAX_ID = 2**63 - 1
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The resource's state does not allow this."
-    default_code = "conflict"
 
 
 class Page(PageNumberPagination):
@@ -232,7 +225,7 @@ class RunCancelView(EventsAPI, APIView):
         except Run.DoesNotExist:
             raise NotFound() from None
         except RunStateError as exc:
-            raise Conflict(str(exc)) from None
+            raise Conflict("run_ended", str(exc)) from None
         return Response(s.RunDetailSerializer(get_run(pk)).data)
 
 
@@ -255,7 +248,10 @@ class RunCleanupView(EventsAPI, APIView):
         try:
             reset = request_cleanup(run, actor(request))
         except CleanupRefused as exc:
-            raise Conflict(str(exc)) from None
+            run.refresh_from_db()
+            raise Conflict(
+                "run_in_flight" if run.status == RunStatus.RUNNING else "nothing_to_clean", str(exc)
+            ) from None
         answer = {"run": get_run(pk), "reset": reset, "queued": True}
         return Response(s.CleanupQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
 
@@ -376,7 +372,10 @@ class ResourceWaiveView(EventsAPI, APIView):
         waived = waive([row], body.validated_data["reason"], actor(request))
         row.refresh_from_db()
         if not waived:
-            raise Conflict(f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived")
+            raise Conflict(
+                "already_resolved",
+                f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived",
+            )
         return Response(s.ResourceSerializer(row).data)
 
 
@@ -477,11 +476,11 @@ class SummaryView(EventsAPI, APIView):
 def not_found(request, exception=None):
     """A URL no endpoint matches answers JSON under /api/, like every other API error."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": NOT_FOUND}, status=404)
+        return error_response(404)
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request):
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Server error."}, status=500)
+        return error_response(500)
     return defaults.server_error(request)
