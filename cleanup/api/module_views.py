@@ -192,6 +192,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ModuleEventSerializer
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
+    filters = ("module", "backend")
 
     def get_queryset(self):
         entries = ModuleEvent.objects.order_by("-at", "-id")
@@ -214,6 +215,7 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ModuleEventSerializer
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
+    filters = ("backend",)
 
     @extend_schema(operation_id="events_module_log_list")
     def get(self, request, *args, **kwargs):

@@ -23,6 +23,7 @@ from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
+from . import params
 from . import serializers as s
 from .errors import Conflict, error_response
 from .parsers import BoundedJSONParser
@@ -46,8 +47,19 @@ class EventsAPI:
     permission_classes = [StaffWithPermissions]
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
+    content_negotiation_class = params.NoFormatParameter
     pagination_class = Page
     required_perms = {}
+    # The query parameters a GET takes besides the paginator's; any other answers 400
+    # `unknown_parameter` (`params`).
+    filters: tuple[str, ...] = ()
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        # After authentication and permissions (401/403 first), and only for a method the
+        # endpoint has (405 for the others, whatever their query).
+        if hasattr(self, request.method.lower()):
+            params.check(self, request)
 
 
 def actor(request):
@@ -156,6 +168,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.RunSerializer
     required_perms = {"GET": ["cleanup.view_run"], "POST": ["cleanup.add_run"]}
+    filters = ("status", "cleanup_status")
 
     def get_queryset(self):
         return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
@@ -261,7 +274,10 @@ class RunCleanupView(EventsAPI, APIView):
     summary="What the next cleanup pass would do, without doing it",
     parameters=[
         OpenApiParameter(
-            "live", str, enum=["1", "true"], description="Also read each leased target's live value through its lease."
+            "live",
+            str,
+            enum=["1", "true", "0", "false"],
+            description="1 or true: also read each leased target's live value through its lease.",
         )
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
@@ -271,10 +287,11 @@ class RunCleanupPlanView(EventsAPI, APIView):
     gives each back, its rows and their attempts left."""
 
     required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
+    filters = ("live",)
 
     def get(self, request, pk):
+        live = params.flag(request.query_params, "live")
         run = get_object_or_404(Run, pk=pk)
-        live = request.query_params.get("live") in ("1", "true")
         return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
 
 
@@ -289,6 +306,7 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    filters = ("state", "backend")
 
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
@@ -328,6 +346,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    filters = ("state", "module", "backend", "run")
 
     def get_queryset(self):
         params = self.request.query_params
