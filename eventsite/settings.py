@@ -291,6 +291,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup.api.schema.refuse_unknown_fields",
+        "cleanup.api.schema.declare_errors",
     ],
     # Run.status and Step.status are both "status": name each choice set once.
     "ENUM_NAME_OVERRIDES": {
@@ -299,6 +300,7 @@ SPECTACULAR_SETTINGS = {
         "StepStatusEnum": "cleanup.models.StepStatus",
         "ResourceStateEnum": "cleanup.models.ResourceState",
         "ModuleStateEnum": "cleanup.models.ModuleState",
+        "ErrorCodeEnum": "cleanup.api.errors.CODE_CHOICES",
     },
 }
 

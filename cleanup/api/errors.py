@@ -34,31 +34,46 @@ DEPRECATED_SINCE = 1796083200
 
 NOT_FOUND = "Not found."
 
-# Every code an error under the API can carry, with what it means: the schema's enum of
-# `Error.code` and the table in docs/api.md are both this table.
+# Every code an error under the API can carry: its status and what it means. The schema's
+# enum of `Error.code`, each operation's error responses and the table in docs/api.md are
+# all this table.
 CODES = {
-    "invalid": "A field of the body, or a query parameter's value, is not valid; `errors` names each.",
-    "parse_error": "The body is not JSON (or not in the declared charset).",
-    "unknown_parameter": "A query parameter the endpoint does not take; `errors` names it.",
-    "not_authenticated": "No credentials, or credentials that are not valid (an unknown token, an inactive user).",
-    "permission_denied": "Not staff, or without the endpoint's permission.",
-    "not_found": "No such run, row or module, or no endpoint at this path.",
-    "method_not_allowed": "A method the endpoint does not have (`Allow` lists those it has).",
-    "not_acceptable": "The `Accept` header asks for something other than JSON.",
-    "payload_too_large": "A body over `DATA_UPLOAD_MAX_MEMORY_SIZE`.",
-    "unsupported_media_type": "A body that is not `application/json`.",
-    "throttled": "Too many requests; `Retry-After` says when to try again.",
-    "quota_exceeded": "Too many runs running, for the site or for this user; `Retry-After` says when to try again.",
-    "conflict": "The state does not allow this (a conflict no more precise code names).",
-    "run_in_flight": "A cleanup asked of a run still running.",
-    "run_ended": "A cancel of a run that has already ended.",
-    "nothing_to_clean": "A cleanup asked of a run that owes nothing.",
-    "already_resolved": "A waiver of a row already resolved, or held by a sweeper right now.",
-    "already_down": "A backend marked down that is down already.",
-    "already_up": "A backend marked up that is up already (or was never seen).",
-    "idempotency_key_reused": "An `Idempotency-Key` sent again with another body.",
-    "server_error": "Something went wrong on the server; nothing is said of what.",
+    "invalid": (400, "A field of the body, or a query parameter's value, is not valid; `errors` names each."),
+    "parse_error": (400, "The body is not JSON (or not in the declared charset)."),
+    "unknown_parameter": (400, "A query parameter the endpoint does not take; `errors` names it."),
+    "not_authenticated": (
+        401,
+        "No credentials, or credentials that are not valid (an unknown token, an inactive user).",
+    ),
+    "permission_denied": (403, "Not staff, or without the endpoint's permission."),
+    "not_found": (404, "No such run, row or module, or no endpoint at this path."),
+    "method_not_allowed": (405, "A method the endpoint does not have (`Allow` lists those it has)."),
+    "not_acceptable": (406, "The `Accept` header asks for something other than JSON."),
+    "conflict": (409, "The state does not allow this (a conflict no more precise code names)."),
+    "run_in_flight": (409, "A cleanup asked of a run still running."),
+    "run_ended": (409, "A cancel of a run that has already ended."),
+    "nothing_to_clean": (409, "A cleanup asked of a run that owes nothing."),
+    "already_resolved": (409, "A waiver of a row already resolved, or held by a sweeper right now."),
+    "already_down": (409, "A backend marked down that is down already."),
+    "already_up": (409, "A backend marked up that is up already (or was never seen)."),
+    "payload_too_large": (413, "A body over `DATA_UPLOAD_MAX_MEMORY_SIZE`."),
+    "unsupported_media_type": (415, "A body that is not `application/json`."),
+    "idempotency_key_reused": (422, "An `Idempotency-Key` sent again with another body."),
+    "throttled": (429, "Too many requests; `Retry-After` says when to try again."),
+    "quota_exceeded": (
+        429,
+        "Too many runs running, for the site or for this user; `Retry-After` says when to try again.",
+    ),
+    "server_error": (500, "Something went wrong on the server; nothing is said of what."),
 }
+# For the schema's enum (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
+CODE_CHOICES = [(code, code) for code in CODES]
+
+
+def codes_of(status_code):
+    """The codes an error of ``status_code`` can carry."""
+    return [code for code, (status_of, _) in CODES.items() if status_of == status_code]
+
 
 # The code of an error no one named, by its status.
 CODE_OF_STATUS = {
@@ -93,13 +108,15 @@ GENERIC = {
 class ApiError(APIException):
     """An error answered as the envelope: ``raise ApiError(409, "run_ended", "run 7 is already completed")``.
 
-    ``code`` must be one of `CODES`; ``errors`` (``{field: [messages]}``) names bad fields;
+    ``code`` must be one of `CODES`, of that status; ``errors`` (``{field: [messages]}``) names bad fields;
     ``headers`` (such as ``{"Retry-After": "30"}``) are added to the answer.
     """
 
     def __init__(self, status_code, code, detail, *, errors=None, headers=None):
         if code not in CODES:
             raise ValueError(f"{code!r} is not one of the API's error codes (cleanup.api.errors.CODES)")
+        if CODES[code][0] != status_code:
+            raise ValueError(f"{code!r} is a {CODES[code][0]}, not a {status_code} (cleanup.api.errors.CODES)")
         self.status_code = status_code
         self.code = code
         self.errors = errors

@@ -7,7 +7,7 @@ queueing, the API's own modules.
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
 from django.views import defaults
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
@@ -121,23 +121,11 @@ def by_backend(queryset, params):
 
 # -- the schema's shared parts ----------------------------------------------------------
 
-FIELD_ERRORS = OpenApiResponse(
-    response={
-        "type": "object",
-        "properties": {"detail": {"type": "string"}},
-        "additionalProperties": {"type": "array", "items": {"type": "string"}},
-    },
-    description=(
-        'Field messages: each key names a field (such as "steps[1].action") or is "non_field_errors"; '
-        'a body that is not JSON answers {"detail"} instead.'
-    ),
-)
-DETAIL = s.DetailSerializer
-
 
 def errors(*codes):
-    """The error responses of an endpoint: always 401 and 403, plus ``codes``."""
-    return {code: FIELD_ERRORS if code == 400 else DETAIL for code in (401, 403, *codes)}
+    """The error responses an endpoint answers besides those every operation does (those are
+    added to each by `cleanup.api.schema.declare_errors`): 409 where its state can refuse."""
+    return dict.fromkeys(codes, s.ErrorSerializer)
 
 
 def choice_param(name, choices, description):
