@@ -172,3 +172,35 @@ def test_docs_api_lists_every_code_and_no_other():
     section = text.split("## Error codes", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `([a-z_]+)` \| (\d{3}) \|", section, flags=re.M)
     assert listed == [(code, str(status)) for code, (status, _) in CODES.items()]
+
+
+def test_a_throttled_request_is_the_envelope_with_retry_after(api, monkeypatch):
+    from rest_framework.throttling import BaseThrottle
+
+    from cleanup.api import views
+
+    class Shut(BaseThrottle):
+        def allow_request(self, request, view):
+            return False
+
+        def wait(self):
+            return 30
+
+    monkeypatch.setattr(views.RunListView, "throttle_classes", [Shut])
+    response = api.get(f"{API}runs/")
+    body = envelope(response, 429, "throttled")
+    assert response["Retry-After"] == "30" and "30 seconds" in body["detail"]
+
+
+def test_an_api_errors_headers_reach_the_answer(api, monkeypatch):
+    from cleanup.api import views
+
+    def full(*args, **kwargs):
+        raise ApiError(
+            429, "quota_exceeded", "20 runs are running: the most a user may have", headers={"Retry-After": "60"}
+        )
+
+    monkeypatch.setattr(views, "start_run", full)
+    response = api.post(f"{API}runs/", {"name": "raid", "steps": []}, format="json")
+    assert envelope(response, 429, "quota_exceeded")["detail"].startswith("20 runs are running")
+    assert response["Retry-After"] == "60"

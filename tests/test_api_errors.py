@@ -11,7 +11,7 @@ from tests.test_api_access import api_as
 
 pytestmark = pytest.mark.django_db
 
-API = "/api/events/"
+API = "/api/v1/events/"
 
 
 @pytest.fixture
