@@ -182,3 +182,16 @@ def test_every_time_the_api_answers_is_rfc3339_with_its_zone(schema, api_reader,
         times_in(response.json(), names, found)
     assert {key for key, _ in found} >= {"created_at", "at", "since"}
     assert [(key, value) for key, value in found if not RFC3339.match(value)] == []
+
+
+@pytest.mark.parametrize(
+    "component, choices",
+    [("RunStatusCounts", RunStatus), ("CleanupStatusCounts", CleanupStatus), ("ResourceStateCounts", ResourceState)],
+)
+def test_the_summary_counts_each_choice_by_a_named_property(schema, api_reader, component, choices):
+    counts = schema["components"]["schemas"][component]
+    assert sorted(counts["required"]) == sorted(choices.values)
+    assert {value["type"] for value in counts["properties"].values()} == {"integer"}
+    make_run(status=RunStatus.ABORTED)
+    summary = api_reader.get(f"{API}summary/").json()
+    assert summary["runs"]["status"] == {**dict.fromkeys(RunStatus.values, 0), "aborted": 1}

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from .. import outages, validation
 from ..conf import max_revert_attempts
-from ..models import ModuleEvent, ModuleState, Resource, ResourceState, Run, RunLog, Step
+from ..models import CleanupStatus, ModuleEvent, ModuleState, Resource, ResourceState, Run, RunLog, RunStatus, Step
 from ..plan import NEXT_CODES
 from .errors import CODE_CHOICES
 
@@ -378,15 +378,27 @@ class CleanupPlanSerializer(serializers.Serializer):
     groups = PlanGroupSerializer(many=True)
 
 
+def counts_by(name, choices):
+    """A serializer with one count per choice, each a named property: a client reads
+    ``summary.runs.status.running``, not a key it has to know."""
+    fields = {value: serializers.IntegerField(help_text=f"How many are {value}.") for value in choices.values}
+    return type(name, (serializers.Serializer,), fields)
+
+
+RunStatusCountsSerializer = counts_by("RunStatusCountsSerializer", RunStatus)
+CleanupStatusCountsSerializer = counts_by("CleanupStatusCountsSerializer", CleanupStatus)
+ResourceStateCountsSerializer = counts_by("ResourceStateCountsSerializer", ResourceState)
+
+
 class RunCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField()
-    status = serializers.DictField(child=serializers.IntegerField())
-    cleanup_status = serializers.DictField(child=serializers.IntegerField())
+    status = RunStatusCountsSerializer(help_text="Runs counted by status, every status present.")
+    cleanup_status = CleanupStatusCountsSerializer(help_text="Runs counted by cleanup status, every one present.")
 
 
 class ResourceCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField()
-    state = serializers.DictField(child=serializers.IntegerField())
+    state = ResourceStateCountsSerializer(help_text="Ledger rows counted by state, every state present.")
     unresolved = serializers.IntegerField()
 
 
