@@ -50,3 +50,9 @@ def test_the_schema_documents_v1_only_and_carries_the_package_version(admin_clie
     assert schema["paths"] and all(path.startswith("/api/v1/events/") for path in schema["paths"])
     # Operation ids as before the version, so a regenerated client keeps its function names.
     assert schema["paths"]["/api/v1/events/runs/"]["get"]["operationId"] == "events_runs_list"
+
+
+def test_a_request_to_a_refused_host_under_the_old_prefix_still_answers_the_envelope(client):
+    response = client.get("/api/events/runs/", HTTP_HOST="evil.example")
+    assert response.status_code == 400 and response.json()["code"] == "invalid"
+    assert response["Link"] == f"</api/v1/events/runs/>; {SUCCESSOR}"

@@ -20,7 +20,7 @@ May import: Django and DRF only.
 """
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.exceptions import APIException
@@ -257,7 +257,8 @@ def mark_deprecated(request, response):
     """An answer under the old ``/api/events/`` says it is deprecated, and where its successor is."""
     try:
         successor = successor_url(request)
-    except Exception:  # noqa: BLE001 - a host Django refuses still gets the Deprecation header
+    except DisallowedHost:
+        # A host Django refuses (its answer is a 400) still learns where the successor is.
         successor = V1_PREFIX + request.path[len(LEGACY_PREFIX) :]
     response["Deprecation"] = f"@{DEPRECATED_SINCE}"
     response["Link"] = f'<{successor}>; rel="successor-version"'
