@@ -5,10 +5,10 @@ The plan tells apart the work the next pass will do from the rows waiting for a 
 its target: restored, its baseline handed down to a newer lease (rule 13), or left
 alone because someone else's value is in place. On request it reads the live value of
 each leased target through the lease's ``read``, under the lease's budget.
-May import: the models, conf, `calls`, `registry`. Reads only.
+May import: the models, conf, `calls`, `registry`, `outages` (which backends are down). Reads only.
 """
 
-from . import calls, registry
+from . import calls, outages, registry
 from .conf import max_revert_attempts
 from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState
 
@@ -18,7 +18,18 @@ HAND_DOWN = "hand down"
 REVERT = "revert"
 LEAVE = "leave (drifted)"
 WAITING = "waiting for a person"
+WAITING_BACKEND = "waiting for its backend"
 IN_HAND = "being given back now"
+# The same, as the API names them: a code a console can branch on (PlanGroup.next).
+NEXT_CODES = {
+    RESTORE: "restore",
+    HAND_DOWN: "hand_down",
+    REVERT: "revert",
+    LEAVE: "leave_drifted",
+    WAITING: "waiting_for_person",
+    WAITING_BACKEND: "waiting_for_backend",
+    IN_HAND: "being_given_back",
+}
 
 
 def cleanup_plan(run, *, live=False, max_rows=None):
@@ -33,11 +44,15 @@ def cleanup_plan(run, *, live=False, max_rows=None):
         rows = rows[:max_rows]
     rows = list(rows)
     newer = _newer_leases(run, [r for r in rows if r.kind == LEASE_KIND])
+    down = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
     plan = []
     for group in _groups(rows):
         verb, problem = _verb(group[0])
         entries = [_row(r, max_attempts, newer, live) for r in group]
-        plan.append({"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer), "rows": entries})
+        waits = (group[0].module, group[0].backend) in down
+        plan.append(
+            {"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer, waits), "rows": entries}
+        )
     return plan
 
 
@@ -66,14 +81,17 @@ def _verb(first):
     return None, f'no module can give back what "{first.action_id}" made'
 
 
-def _next(first, entries, verb, newer):
-    """What the next pass does with this group; a group with no attempt left waits for a person."""
+def _next(first, entries, verb, newer, backend_down=False):
+    """What the next pass does with this group; a group with no attempt left waits for a person,
+    one whose backend is down waits for it (the sweep does not try it, and spends no attempt)."""
     if first.state == ResourceState.DRIFTED:
         return LEAVE
     if first.state == ResourceState.REVERTING:
         return IN_HAND
     if verb is None or not any(e["attempts_left"] for e in entries):
         return WAITING
+    if backend_down:
+        return WAITING_BACKEND
     if first.kind == LEASE_KIND:
         return HAND_DOWN if first.pk in newer else RESTORE
     return REVERT

@@ -10,6 +10,7 @@ falling back to a default that would hide a typo.
 
 import os
 import re
+from importlib.metadata import version as package_version
 from pathlib import Path
 
 import dj_database_url
@@ -289,16 +290,22 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "eventsite events API",
     "DESCRIPTION": "Event runs, their ledger, and the cleanup that gives it back.",
-    "VERSION": "1.0.0",
+    # The package's version (pyproject.toml), as a console reads it in info.version.
+    "VERSION": package_version("eventsite"),
     # The schema and its docs page are for staff, like the API; the page's scripts come
     # from the installed drf-spectacular-sidecar, not a CDN, so it works offline.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Only /api/v1/events/: the deprecated /api/events/ answers the same, undocumented.
+    "PREPROCESSING_HOOKS": ["cleanup.api.schema.only_current_version"],
+    # Operation ids as before the version: events_runs_list, not v1_events_runs_list.
+    "SCHEMA_PATH_PREFIX": r"/api/v1/",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup.api.schema.refuse_unknown_fields",
+        "cleanup.api.schema.declare_errors",
     ],
     # Run.status and Step.status are both "status": name each choice set once.
     "ENUM_NAME_OVERRIDES": {
@@ -307,6 +314,7 @@ SPECTACULAR_SETTINGS = {
         "StepStatusEnum": "cleanup.models.StepStatus",
         "ResourceStateEnum": "cleanup.models.ResourceState",
         "ModuleStateEnum": "cleanup.models.ModuleState",
+        "ErrorCodeEnum": "cleanup.api.errors.CODE_CHOICES",
     },
 }
 

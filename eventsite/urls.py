@@ -4,6 +4,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from cleanup.api.urls import legacy_urlpatterns
 from cleanup.metrics import metrics
 from cleanup.sitecheck import healthz
 
@@ -19,7 +20,9 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
-    path("api/events/", include("cleanup.api.urls")),
+    path("api/v1/events/", include("cleanup.urls")),
+    # The old prefix answers the same, marked deprecated (Deprecation, Link: successor-version).
+    path("api/events/", include(legacy_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", docs, name="api-docs"),
 ]

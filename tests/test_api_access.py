@@ -14,7 +14,7 @@ from tests.fakes import FakeAction, make_rows, make_run, make_step
 
 pytestmark = pytest.mark.django_db
 
-API = "/api/events/"
+API = "/api/v1/events/"
 EVERY_PERMISSION = ("view_run", "add_run", "change_run", "view_resource", "view_runlog", "cleanup_run")
 
 

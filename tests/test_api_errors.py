@@ -11,7 +11,7 @@ from tests.test_api_access import api_as
 
 pytestmark = pytest.mark.django_db
 
-API = "/api/events/"
+API = "/api/v1/events/"
 
 
 @pytest.fixture
@@ -31,9 +31,12 @@ def post_raw(api, path, raw, content_type="application/json"):
 
 
 def assert_json_error(response, status):
+    """The error's envelope, checked: JSON ``{"code", "detail"}``; its field messages when it has them."""
     assert response.status_code == status, (response.status_code, response.content[:200])
     assert response["Content-Type"].startswith("application/json")
-    return response.json()
+    body = response.json()
+    assert isinstance(body.get("code"), str) and isinstance(body.get("detail"), str), body
+    return body.get("errors", body)
 
 
 def endpoints(run):
@@ -120,7 +123,10 @@ def test_it_answers_json_400_to_a_body_it_cannot_parse(api, raw):
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1000)
 def test_it_answers_json_413_to_an_over_large_body(api, run):
     big = json.dumps({"name": "raid", "steps": [{"action": "core.wait", "params": {"x": "y" * 2000}}]})
-    assert assert_json_error(post_raw(api, f"{API}runs/", big), 413) == {"detail": "The request body is too large."}
+    assert assert_json_error(post_raw(api, f"{API}runs/", big), 413) == {
+        "code": "payload_too_large",
+        "detail": "The request body is too large.",
+    }
     form = "reason=" + "x" * 2000
     response = post_raw(
         api,
@@ -160,7 +166,8 @@ def test_it_answers_every_404_as_json_in_one_wording_whatever_debug(api, debug):
         ]:
             body = {"reason": "x"} if "waive" in path else {}
             response = api.generic(method, path, json.dumps(body), content_type="application/json")
-            assert assert_json_error(response, 404) == {"detail": "Not found."}, path
+            assert_json_error(response, 404)
+            assert response.json() == {"code": "not_found", "detail": "Not found."}, path
 
 
 @pytest.mark.parametrize(

@@ -198,7 +198,7 @@ def test_each_backend_endpoint_answers_404_400_and_403_as_the_modules_do(module,
     for bad in ("%20north", "north%20", "a%00b", "x" * 101):
         answer = client.post(API + f"modules/test/backends/{bad}/{verb}/", body, format="json")
         assert answer.status_code == 400, bad
-        assert "not a backend's name" in answer.json()["backend"][0]
+        assert "not a backend's name" in answer.json()["errors"]["backend"][0]
     assert client.post(API + f"modules/test/backends/a%2Fb/{verb}/", body, format="json").status_code == 404
     assert client.post(API + f"modules/test/backends/north/{verb}/", {"extra": 1}, format="json").status_code == 400
     reader = api_as("view_modulehealth", "view_resource", username="reader")

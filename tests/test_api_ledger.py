@@ -57,7 +57,7 @@ def test_it_lists_the_ledger_and_filters_by_state_module_and_run(api, ledger):
 def test_a_bad_ledger_filter_is_400_naming_the_field(api, ledger, query, field, words):
     response = api.get(f"{API}resources/?{query}")
     assert response.status_code == 400
-    assert words in response.json()[field][0]
+    assert words in response.json()["errors"][field][0]
 
 
 def test_one_row_reads_with_its_state_and_error(api, ledger):
@@ -94,7 +94,7 @@ def test_waiving_resolves_the_row_with_the_reason_and_the_actor_and_keeps_its_la
 def test_a_waiver_without_a_reason_is_400(api, ledger, body):
     response = api.post(f"{API}resources/{ledger['orc'].pk}/waive/", body, format="json")
     assert response.status_code == 400
-    assert "reason" in response.json()
+    assert "reason" in response.json()["errors"]
     assert states(ledger["aborted"]) == {"orc-1": "failed"}
 
 
@@ -158,7 +158,7 @@ def test_reconcile_of_an_uninstalled_module_that_owns_rows_is_accepted(api, ledg
 def test_reconcile_of_an_unknown_module_is_404(api, ledger):
     response = api.post(f"{API}modules/atlantis/reconcile/", format="json")
     assert response.status_code == 404
-    assert response.json() == {"detail": "Not found."}
+    assert response.json() == {"code": "not_found", "detail": "Not found."}
 
 
 def test_reconcile_of_a_name_with_a_nul_byte_is_404_not_a_crash(api, ledger):
@@ -168,7 +168,7 @@ def test_reconcile_of_a_name_with_a_nul_byte_is_404_not_a_crash(api, ledger):
 @pytest.mark.parametrize("value", ["true", 1, None])
 def test_reconcile_with_a_restarted_that_is_not_a_boolean_is_400(api, ledger, value):
     response = api.post(f"{API}modules/forest/reconcile/", {"restarted": value}, format="json")
-    assert response.status_code == 400 and "restarted" in response.json()
+    assert response.status_code == 400 and "restarted" in response.json()["errors"]
 
 
 # -- summary --------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_it_lists_every_registered_module_and_every_one_with_a_health_row(module
 def test_marking_down_needs_a_reason_and_answers_the_new_state_then_409(module):
     client = api_as("cleanup_run", "view_modulehealth")
     missing = client.post(API + "modules/test/down/", {}, format="json")
-    assert missing.status_code == 400 and "reason" in missing.json()
+    assert missing.status_code == 400 and "reason" in missing.json()["errors"]
     for bad in (
         {"reason": "   "},
         {"reason": "a\x00b"},

@@ -63,7 +63,7 @@ def test_a_row_with_no_attempt_left_is_waiting_for_a_person_in_the_plan(api):
     make_rows(make_step(run), ["orc-1"], placeholder=False)
     Resource.objects.update(state="failed", revert_attempts=3)
     plan = api.get(f"{API}runs/{run.pk}/cleanup-plan/").json()
-    assert plan["groups"][0]["next"] == "waiting for a person"
+    assert plan["groups"][0]["next"] == "waiting_for_person"
 
 
 def test_many_runs_retried_at_once_are_passed_a_moment_apart(django_capture_on_commit_callbacks, monkeypatch):
@@ -107,7 +107,7 @@ def test_the_command_refuses_a_persons_retry_of_a_run_that_owes_nothing():
     assert "cleanup.retry" not in log_kinds(run)
 
 
-@pytest.mark.parametrize("confirmed, expected", [(True, "hand down"), (False, "restore")])
+@pytest.mark.parametrize("confirmed, expected", [(True, "hand_down"), (False, "restore")])
 def test_the_plan_hands_a_lease_down_only_to_a_newer_confirmed_lease(api, confirmed, expected):
     from tests.fakes import FakeLease
 

@@ -55,7 +55,7 @@ def test_it_filters_runs_by_status_and_cleanup_status(api):
 def test_an_unknown_filter_value_is_400_naming_the_field_and_the_allowed_values(api):
     response = api.get(f"{API}runs/?status=finished&cleanup_status=done")
     assert response.status_code == 400
-    errors = response.json()
+    errors = response.json()["errors"]
     assert set(errors) == {"status", "cleanup_status"}
     assert "'finished'" in errors["status"][0] and "running, completed, cancelled, aborted" in errors["status"][0]
     assert "not_required, pending, complete, incomplete" in errors["cleanup_status"][0]
@@ -97,7 +97,7 @@ def test_a_bad_spec_is_400_with_the_engines_field_messages(api, world):
         format="json",
     )
     assert response.status_code == 400
-    errors = response.json()
+    errors = response.json()["errors"]
     assert errors["name"] == ["a run needs a non-empty name"]
     assert errors["steps[1].action"] == ["no module registers the action 'nope.spawn'"]
     assert "seconds" in errors["steps[2].params"][0]
@@ -120,7 +120,7 @@ def test_a_bad_spec_is_400_with_the_engines_field_messages(api, world):
 def test_a_body_of_the_wrong_shape_is_400_naming_the_field(api, body, field):
     response = api.post(f"{API}runs/", body, format="json")
     assert response.status_code == 400
-    assert field in response.json()
+    assert field in response.json()["errors"]
     assert not Run.objects.exists()
 
 
@@ -180,7 +180,7 @@ def test_cancel_with_a_cleanup_that_is_not_a_boolean_is_400(api, value):
     run = make_run(status=RunStatus.RUNNING)
     response = api.post(f"{API}runs/{run.pk}/cancel/", {"cleanup": value}, format="json")
     assert response.status_code == 400
-    assert "cleanup" in response.json()
+    assert "cleanup" in response.json()["errors"]
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
 

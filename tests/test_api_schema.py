@@ -24,37 +24,37 @@ from tests.test_api_access import user_with
 pytestmark = pytest.mark.django_db
 
 PATHS = [
-    "/api/events/runs/",
-    "/api/events/runs/{id}/",
-    "/api/events/runs/{id}/cancel/",
-    "/api/events/runs/{id}/cleanup/",
-    "/api/events/runs/{id}/cleanup-plan/",
-    "/api/events/runs/{id}/resources/",
-    "/api/events/runs/{id}/log/",
-    "/api/events/resources/",
-    "/api/events/resources/{id}/",
-    "/api/events/resources/{id}/waive/",
-    "/api/events/modules/",
-    "/api/events/modules/log/",
-    "/api/events/modules/{name}/down/",
-    "/api/events/modules/{name}/up/",
-    "/api/events/modules/{name}/log/",
-    "/api/events/modules/{name}/reconcile/",
-    "/api/events/modules/{name}/backends/{backend}/down/",
-    "/api/events/modules/{name}/backends/{backend}/up/",
-    "/api/events/modules/{name}/backends/{backend}/reconcile/",
-    "/api/events/summary/",
+    "/api/v1/events/runs/",
+    "/api/v1/events/runs/{id}/",
+    "/api/v1/events/runs/{id}/cancel/",
+    "/api/v1/events/runs/{id}/cleanup/",
+    "/api/v1/events/runs/{id}/cleanup-plan/",
+    "/api/v1/events/runs/{id}/resources/",
+    "/api/v1/events/runs/{id}/log/",
+    "/api/v1/events/resources/",
+    "/api/v1/events/resources/{id}/",
+    "/api/v1/events/resources/{id}/waive/",
+    "/api/v1/events/modules/",
+    "/api/v1/events/modules/log/",
+    "/api/v1/events/modules/{name}/down/",
+    "/api/v1/events/modules/{name}/up/",
+    "/api/v1/events/modules/{name}/log/",
+    "/api/v1/events/modules/{name}/reconcile/",
+    "/api/v1/events/modules/{name}/backends/{backend}/down/",
+    "/api/v1/events/modules/{name}/backends/{backend}/up/",
+    "/api/v1/events/modules/{name}/backends/{backend}/reconcile/",
+    "/api/v1/events/summary/",
 ]
 POSTS = {
-    "/api/events/runs/{id}/cancel/",
-    "/api/events/runs/{id}/cleanup/",
-    "/api/events/resources/{id}/waive/",
-    "/api/events/modules/{name}/down/",
-    "/api/events/modules/{name}/up/",
-    "/api/events/modules/{name}/reconcile/",
-    "/api/events/modules/{name}/backends/{backend}/down/",
-    "/api/events/modules/{name}/backends/{backend}/up/",
-    "/api/events/modules/{name}/backends/{backend}/reconcile/",
+    "/api/v1/events/runs/{id}/cancel/",
+    "/api/v1/events/runs/{id}/cleanup/",
+    "/api/v1/events/resources/{id}/waive/",
+    "/api/v1/events/modules/{name}/down/",
+    "/api/v1/events/modules/{name}/up/",
+    "/api/v1/events/modules/{name}/reconcile/",
+    "/api/v1/events/modules/{name}/backends/{backend}/down/",
+    "/api/v1/events/modules/{name}/backends/{backend}/up/",
+    "/api/v1/events/modules/{name}/backends/{backend}/reconcile/",
 }
 
 
@@ -64,10 +64,10 @@ def test_the_schema_endpoint_answers_a_valid_openapi_document(admin_client):
     schema = response.json()
     validate_schema(schema)
     assert set(PATHS) <= set(schema["paths"])
-    start = schema["paths"]["/api/events/runs/"]["post"]
+    start = schema["paths"]["/api/v1/events/runs/"]["post"]
     assert start["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunStart"}
     assert {"201", "400", "401", "403"} <= set(start["responses"])
-    assert {"200", "400", "404", "409"} <= set(schema["paths"]["/api/events/runs/{id}/cancel/"]["post"]["responses"])
+    assert {"200", "400", "404", "409"} <= set(schema["paths"]["/api/v1/events/runs/{id}/cancel/"]["post"]["responses"])
     assert set(schema["components"]["securitySchemes"]) == {"tokenAuth", "cookieAuth"}
 
 
@@ -82,12 +82,12 @@ def test_the_schema_names_each_backend(admin_client):
         components["BackendHealth"]["properties"]
     )
     paths = schema["paths"]
-    for path in ("/api/events/resources/", "/api/events/runs/{id}/resources/", "/api/events/modules/log/"):
+    for path in ("/api/v1/events/resources/", "/api/v1/events/runs/{id}/resources/", "/api/v1/events/modules/log/"):
         assert "backend" in {p["name"] for p in paths[path]["get"]["parameters"]}, path
-    down = paths["/api/events/modules/{name}/backends/{backend}/down/"]["post"]
+    down = paths["/api/v1/events/modules/{name}/backends/{backend}/down/"]["post"]
     assert {"200", "400", "404", "409"} <= set(down["responses"])
     assert down["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/MarkDown"}
-    reconcile = paths["/api/events/modules/{name}/backends/{backend}/reconcile/"]["post"]
+    reconcile = paths["/api/v1/events/modules/{name}/backends/{backend}/reconcile/"]["post"]
     assert {"202", "400", "404"} <= set(reconcile["responses"])
 
 
@@ -138,8 +138,8 @@ def test_every_get_answers_without_5xx_and_as_the_schema_says(ledger, root_token
     # lazy fixture loader does not run under pytest 9.
     headers = {"Authorization": f"Token {root_token}"}
     schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application, headers=headers)
-    schema = schema.include(method="GET", path_regex="^/api/events/")
-    real_ids = {"/api/events/resources/{id}/": Resource.objects.first().pk}
+    schema = schema.include(method="GET", path_regex="^/api/v1/events/")
+    real_ids = {"/api/v1/events/resources/{id}/": Resource.objects.first().pk}
     walked = []
     for result in schema.get_all_operations():
         operation = result.ok()

@@ -20,16 +20,16 @@ from tests.fakes import FakeAction, FakeLease
 from tests.test_api_schema import ledger, root_token, wsgi_keeps_the_test_connection  # noqa: F401 (fixtures)
 
 WRITES = {
-    "/api/events/runs/",
-    "/api/events/runs/{id}/cancel/",
-    "/api/events/runs/{id}/cleanup/",
-    "/api/events/resources/{id}/waive/",
-    "/api/events/modules/{name}/down/",
-    "/api/events/modules/{name}/up/",
-    "/api/events/modules/{name}/reconcile/",
-    "/api/events/modules/{name}/backends/{backend}/down/",
-    "/api/events/modules/{name}/backends/{backend}/up/",
-    "/api/events/modules/{name}/backends/{backend}/reconcile/",
+    "/api/v1/events/runs/",
+    "/api/v1/events/runs/{id}/cancel/",
+    "/api/v1/events/runs/{id}/cleanup/",
+    "/api/v1/events/resources/{id}/waive/",
+    "/api/v1/events/modules/{name}/down/",
+    "/api/v1/events/modules/{name}/up/",
+    "/api/v1/events/modules/{name}/reconcile/",
+    "/api/v1/events/modules/{name}/backends/{backend}/down/",
+    "/api/v1/events/modules/{name}/backends/{backend}/up/",
+    "/api/v1/events/modules/{name}/backends/{backend}/reconcile/",
 }
 
 
@@ -41,7 +41,7 @@ def test_every_post_answers_without_5xx_and_as_the_schema_says(ledger, root_toke
     headers = {"Authorization": f"Token {root_token}"}
     schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application, headers=headers)
     walked = []
-    for result in schema.include(method="POST", path_regex="^/api/events/").get_all_operations():
+    for result in schema.include(method="POST", path_regex="^/api/v1/events/").get_all_operations():
         operation = result.ok()
         walked.append(operation.path)
 

@@ -82,11 +82,11 @@ def test_the_api_takes_the_holds_end_and_refuses_one_in_the_past(module, django_
     client = APIClient()
     client.force_authenticate(staff)
     past = (timezone.now() - timedelta(minutes=1)).isoformat()
-    refused = client.post("/api/events/modules/test/down/", {"reason": "deploy", "until": past}, format="json")
-    assert refused.status_code == 400 and "until" in refused.json()
+    refused = client.post("/api/v1/events/modules/test/down/", {"reason": "deploy", "until": past}, format="json")
+    assert refused.status_code == 400 and "until" in refused.json()["errors"]
     until = timezone.now() + timedelta(hours=1)
     answer = client.post(
-        "/api/events/modules/test/down/", {"reason": "deploy", "until": until.isoformat()}, format="json"
+        "/api/v1/events/modules/test/down/", {"reason": "deploy", "until": until.isoformat()}, format="json"
     )
     assert answer.status_code == 200
     health = ModuleHealth.objects.get(module="test")

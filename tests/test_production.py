@@ -177,7 +177,7 @@ def test_the_docs_page_answers_405_not_500_to_options():
     client.force_login(user_with(username="staff"))
     response = client.options("/api/docs/")
     assert response.status_code == 405 and "OPTIONS" not in response["Allow"]
-    assert response.json() == {"detail": "Method not allowed."}
+    assert response.json() == {"code": "method_not_allowed", "detail": "Method not allowed."}
 
 
 @pytest.mark.django_db

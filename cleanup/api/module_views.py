@@ -19,7 +19,8 @@ from rest_framework.views import APIView
 from .. import outages, registry
 from ..models import ModuleEvent, ModuleHealth, ModuleState
 from . import serializers as s
-from .views import BACKEND_PARAM, BACKEND_PATH, Conflict, EventsAPI, actor, backend_checked, by_backend, errors
+from .errors import Conflict
+from .views import BACKEND_PARAM, BACKEND_PATH, EventsAPI, actor, backend_checked, by_backend, errors
 
 
 def describe(health, registered):
@@ -105,7 +106,7 @@ class ModuleDownView(EventsAPI, APIView):
         known(name)
         data = body.validated_data
         if not outages.mark_down(name, by=actor(request), reason=data["reason"].strip(), until=data["until"]):
-            raise Conflict(f"module {name} is already down")
+            raise Conflict("already_down", f"module {name} is already down")
         return Response(s.ModuleHealthSerializer(health_answer(name)).data)
 
 
@@ -126,7 +127,7 @@ class ModuleUpView(EventsAPI, APIView):
         s.EmptySerializer(data=request.data).is_valid(raise_exception=True)
         known(name)
         if not outages.mark_up(name, by=actor(request)):
-            raise Conflict(f"module {name} is already up")
+            raise Conflict("already_up", f"module {name} is already up")
         return Response(s.ModuleHealthSerializer(health_answer(name)).data)
 
 
@@ -153,7 +154,7 @@ class BackendDownView(EventsAPI, APIView):
         known(name)
         reason, until = body.validated_data["reason"].strip(), body.validated_data["until"]
         if not outages.mark_down(name, backend=backend, by=actor(request), reason=reason, until=until):
-            raise Conflict(f"backend {name}/{backend} is already down")
+            raise Conflict("already_down", f"backend {name}/{backend} is already down")
         return Response(s.BackendHealthSerializer(backend_answer(name, backend)).data)
 
 
@@ -176,7 +177,7 @@ class BackendUpView(EventsAPI, APIView):
         backend_checked(backend)
         known(name)
         if not outages.mark_up(name, backend=backend, by=actor(request)):
-            raise Conflict(f"backend {name}/{backend} is already up")
+            raise Conflict("already_up", f"backend {name}/{backend} is already up")
         return Response(s.BackendHealthSerializer(backend_answer(name, backend)).data)
 
 
@@ -191,6 +192,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ModuleEventSerializer
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
+    filters = ("module", "backend")
 
     def get_queryset(self):
         entries = ModuleEvent.objects.order_by("-at", "-id")
@@ -213,6 +215,7 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ModuleEventSerializer
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
+    filters = ("backend",)
 
     @extend_schema(operation_id="events_module_log_list")
     def get(self, request, *args, **kwargs):

@@ -1,7 +1,58 @@
 """Schema post-processing: what the API refuses, the schema says it refuses.
 
-May import: drf-spectacular only.
+May import: drf-spectacular and the API's errors.
 """
+
+from .errors import CODES, codes_of
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+# What each error status means, for its response's description.
+WHEN = {
+    400: "A bad body, an unknown field or query parameter, or a bad value of a known one.",
+    401: "No credentials, or credentials that are not valid.",
+    403: "Not staff, or without the endpoint's permission.",
+    404: "No such object, or no endpoint at this path.",
+    405: "A method the path does not have; Allow lists those it has.",
+    406: "An Accept header that does not take JSON.",
+    409: "The state does not allow it.",
+    413: "A body over the size limit.",
+    415: "A body that is not application/json.",
+    422: "An Idempotency-Key sent again with another body.",
+    429: "Too many requests or too many runs running; Retry-After says when to try again.",
+}
+# The statuses every operation can answer; a write's; an operation on one object's.
+EVERY_OPERATION = (400, 401, 403, 405, 406, 429)
+EVERY_WRITE = (413, 415)
+ON_AN_OBJECT = (404,)
+
+
+def statuses_of(path, method):
+    found = set(EVERY_OPERATION)
+    if method in ("post", "put", "patch"):
+        found.update(EVERY_WRITE)
+    if "{" in path:
+        found.update(ON_AN_OBJECT)
+    return found
+
+
+def declare_errors(result, generator, request, public):
+    """Every status an operation can answer is in its responses, each with the `Error` envelope and
+    the codes it can carry; an error a view declared itself (409) keeps its place."""
+    assert set(WHEN) >= {status for status, _ in CODES.values() if status < 500}, "a status without a description"
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            declared = {int(code) for code in responses if code.isdigit() and int(code) >= 400}
+            for status in sorted(declared | statuses_of(path, method)):
+                codes = ", ".join(codes_of(status))
+                responses[str(status)] = {
+                    "description": f"{WHEN[status]} Codes: {codes}.",
+                    "content": {"application/json": {"schema": ERROR_REF}},
+                }
+            operation["responses"] = dict(sorted(responses.items()))
+    return result
 
 
 def refuse_unknown_fields(result, generator, request, public):
@@ -31,3 +82,9 @@ def refuse_unknown_fields(result, generator, request, public):
                 if "$ref" in nested:
                     pending.append(nested["$ref"])
     return result
+
+
+def only_current_version(endpoints):
+    """The schema documents ``/api/v1/events/``: the deprecated ``/api/events/`` is the same API, and
+    the schema's own endpoint is not part of it."""
+    return [endpoint for endpoint in endpoints if endpoint[0].startswith("/api/v1/events/")]

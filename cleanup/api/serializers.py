@@ -1,6 +1,6 @@
 """What the API reads and writes: small input serializers, and the engine's objects out.
 
-May import: the models, conf, `outages`, `validation`.
+May import: the models, conf, `outages`, `validation`, `plan` (its codes) and the API's errors.
 """
 
 from django.utils import timezone
@@ -9,9 +9,33 @@ from rest_framework import serializers
 
 from .. import outages, validation
 from ..conf import max_revert_attempts
-from ..models import ModuleEvent, Resource, Run, RunLog, Step
+from ..models import CleanupStatus, ModuleEvent, ModuleState, Resource, ResourceState, Run, RunLog, RunStatus, Step
+from ..plan import NEXT_CODES
+from .errors import CODE_CHOICES
 
 NULLABLE_TEXT = {"type": "string", "nullable": True}
+# Any JSON value: a string, a number, true or false, an object, an array, or null.
+JSON_VALUE = {
+    "nullable": True,
+    "anyOf": [
+        {"type": "string"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "object", "additionalProperties": {}},
+        {"type": "array", "items": {}},
+    ],
+}
+JSON_OBJECT = {"type": "object", "additionalProperties": {}}
+
+
+@extend_schema_field(JSON_VALUE)
+class JsonValueField(serializers.JSONField):
+    """Any JSON value, as stored (a lease's baseline, the value it applied, a value read live)."""
+
+
+@extend_schema_field(JSON_OBJECT)
+class JsonObjectField(serializers.JSONField):
+    """A JSON object whose keys depend on the kind of thing (a payload, a step's params, a log's detail)."""
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -118,6 +142,7 @@ BACKEND_HELP = "Which of its module's backends it acts on; \"\" for a module's o
 class StepSerializer(serializers.ModelSerializer):
     action = serializers.CharField(source="action_id")
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
+    params = JsonObjectField(read_only=True, help_text="The action's parameters, as the run was started with.")
 
     class Meta:
         model = Step
@@ -176,6 +201,7 @@ class WaitingListSerializer(serializers.ListSerializer):
 
 class ResourceSerializer(serializers.ModelSerializer):
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
+    payload = JsonObjectField(read_only=True, help_text="What the module answered of it (a lease: baseline, applied).")
     waiting = serializers.SerializerMethodField(
         help_text='Why the sweep does not try the row now: "waiting: <module>[/<backend>] is down since <time> '
         '(<error>)"; null unless its own backend is down.'
@@ -226,7 +252,7 @@ class BackendHealthSerializer(serializers.Serializer):
     backend = serializers.CharField(help_text='The backend; "" for the module\'s only backend.')
     name = serializers.CharField(help_text='How people read it: "sandbox/north", or the module alone for "".')
     registered = serializers.BooleanField(help_text="Whether a module of this name is installed now.")
-    state = serializers.ChoiceField(choices=["up", "down"])
+    state = serializers.ChoiceField(choices=ModuleState.choices)
     since = serializers.DateTimeField(allow_null=True, help_text="When it went down; null while up.")
     last_error = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
     failures_in_row = serializers.IntegerField(help_text="Answers in a row that blamed the backend.")
@@ -241,7 +267,7 @@ class ModuleHealthSerializer(serializers.Serializer):
 
     module = serializers.CharField()
     registered = serializers.BooleanField(help_text="Whether a module of this name is installed now.")
-    state = serializers.ChoiceField(choices=["up", "down"], help_text='Of its backend "".')
+    state = serializers.ChoiceField(choices=ModuleState.choices, help_text='Of its backend "".')
     since = serializers.DateTimeField(allow_null=True, help_text='When its backend "" went down; null while up.')
     last_error = serializers.CharField(help_text='The last answer that blamed its backend "", or a person\'s reason.')
     failures_in_row = serializers.IntegerField(help_text='Answers in a row that blamed its backend "".')
@@ -258,6 +284,7 @@ class ModuleHealthSerializer(serializers.Serializer):
 
 class ModuleEventSerializer(serializers.ModelSerializer):
     backend = serializers.CharField(read_only=True, help_text='The backend; "" for the module\'s only backend.')
+    detail = JsonObjectField(read_only=True, help_text="The entry's details; its keys depend on its kind.")
 
     class Meta:
         model = ModuleEvent
@@ -275,6 +302,8 @@ class ModuleDownSerializer(serializers.Serializer):
 
 
 class RunLogSerializer(serializers.ModelSerializer):
+    detail = JsonObjectField(read_only=True, help_text="The entry's details; its keys depend on its kind.")
+
     class Meta:
         model = RunLog
         fields = ["id", "run", "kind", "detail", "at"]
@@ -297,28 +326,47 @@ class BackendReconcileQueuedSerializer(ReconcileQueuedSerializer):
     backend = serializers.CharField(help_text="The one backend whose rows are reconciled.")
 
 
+class PlanHeirSerializer(serializers.Serializer):
+    resource = serializers.IntegerField(help_text="The newer lease's ledger row.")
+    run = serializers.IntegerField(help_text="Its run.")
+
+
+class PlanLiveSerializer(serializers.Serializer):
+    value = JsonValueField(required=False, help_text="The value in force now, when it could be read.")
+    error = serializers.CharField(required=False, help_text="Why it could not be read.")
+
+
 class PlanLeaseSerializer(serializers.Serializer):
-    baseline = serializers.JSONField(help_text="The value before the lease, to be restored.")
-    applied = serializers.JSONField(help_text="The value this run applied.")
-    hand_down_to = serializers.DictField(allow_null=True, help_text="The newer lease that inherits the baseline.")
-    live = serializers.DictField(required=False, help_text='With ?live=1: {"value"} read now, or {"error"}.')
+    baseline = JsonValueField(help_text="The value before the lease, to be restored.")
+    applied = JsonValueField(help_text="The value this run applied.")
+    hand_down_to = PlanHeirSerializer(allow_null=True, help_text="The newer lease that inherits the baseline.")
+    live = PlanLiveSerializer(required=False, help_text='With ?live=1: {"value"} read now, or {"error"}.')
 
 
 class PlanRowSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    kind = serializers.CharField()
+    kind = serializers.CharField(help_text='What the module calls it ("creature"); "override" for a lease.')
     ref = serializers.CharField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=ResourceState.choices)
     attempts = serializers.IntegerField()
     attempts_left = serializers.IntegerField()
     last_error = serializers.CharField()
     lease = PlanLeaseSerializer(required=False, help_text="Lease rows only.")
 
 
+class NextField(serializers.ChoiceField):
+    """The plan's verdict on a group (`cleanup.plan`'s words for people) as its code."""
+
+    def to_representation(self, value):
+        return NEXT_CODES[value]
+
+
 class PlanGroupSerializer(serializers.Serializer):
-    next = serializers.CharField(
-        help_text='What the next pass does: "restore", "hand down", "revert", '
-        '"leave (drifted)", "waiting for a person" or "being given back now".'
+    next = NextField(
+        choices=list(NEXT_CODES.values()),
+        help_text="What the next pass does: restore (a lease's baseline), hand_down (to a newer lease), "
+        "revert, leave_drifted (someone else's value is in place), waiting_for_person (no attempt left, or "
+        "nothing can give it back), waiting_for_backend (its backend is down) or being_given_back (now).",
     )
     verb = serializers.CharField(allow_null=True, help_text="The call that gives the group back, or null.")
     problem = serializers.CharField(allow_null=True, help_text="Why no call can, or null.")
@@ -330,15 +378,27 @@ class CleanupPlanSerializer(serializers.Serializer):
     groups = PlanGroupSerializer(many=True)
 
 
+def counts_by(name, choices):
+    """A serializer with one count per choice, each a named property: a client reads
+    ``summary.runs.status.running``, not a key it has to know."""
+    fields = {value: serializers.IntegerField(help_text=f"How many are {value}.") for value in choices.values}
+    return type(name, (serializers.Serializer,), fields)
+
+
+RunStatusCountsSerializer = counts_by("RunStatusCountsSerializer", RunStatus)
+CleanupStatusCountsSerializer = counts_by("CleanupStatusCountsSerializer", CleanupStatus)
+ResourceStateCountsSerializer = counts_by("ResourceStateCountsSerializer", ResourceState)
+
+
 class RunCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField()
-    status = serializers.DictField(child=serializers.IntegerField())
-    cleanup_status = serializers.DictField(child=serializers.IntegerField())
+    status = RunStatusCountsSerializer(help_text="Runs counted by status, every status present.")
+    cleanup_status = CleanupStatusCountsSerializer(help_text="Runs counted by cleanup status, every one present.")
 
 
 class ResourceCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField()
-    state = serializers.DictField(child=serializers.IntegerField())
+    state = ResourceStateCountsSerializer(help_text="Ledger rows counted by state, every state present.")
     unresolved = serializers.IntegerField()
 
 
@@ -348,7 +408,15 @@ class SummarySerializer(serializers.Serializer):
     modules_down = ModuleDownSerializer(many=True, help_text="Each backend down, by module: its work waits.")
 
 
-class DetailSerializer(serializers.Serializer):
-    """An error that is not about a field: 401, 403, 404, 409."""
+class ErrorSerializer(serializers.Serializer):
+    """Every error under the API: a stable code, a sentence, and the fields at fault if any."""
 
-    detail = serializers.CharField()
+    code = serializers.ChoiceField(
+        choices=CODE_CHOICES, help_text="Stable: branch on it (docs/api.md lists each code and its status)."
+    )
+    detail = serializers.CharField(help_text="A sentence for a person; it may be reworded.")
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text='Each field or query parameter at fault ("steps[1].action", "live") with its messages.',
+    )

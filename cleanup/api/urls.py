@@ -1,4 +1,7 @@
-"""The events API, included by the site under ``/api/events/``.
+"""The events API, included by the site under ``/api/v1/events/`` (`urlpatterns`), and under
+the deprecated ``/api/events/`` (`legacy_urlpatterns`: the same views, without names, so that
+``reverse`` always answers the v1 URL; `cleanup.api.errors.ApiErrorsMiddleware` marks those
+answers deprecated).
 
 May import: the API's views.
 """
@@ -39,3 +42,5 @@ urlpatterns = [
     ),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
 ]
+
+legacy_urlpatterns = [path(str(p.pattern), p.callback) for p in urlpatterns]

@@ -5,12 +5,11 @@ queueing, the API's own modules.
 """
 
 from django.db.models import Count, Q
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views import defaults
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -24,20 +23,15 @@ from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
+from . import params
 from . import serializers as s
-from .errors import NOT_FOUND
+from .errors import Conflict, error_response
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 
 # The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
 # instead of matching nothing.
 MAX_ID = 2**63 - 1
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The resource's state does not allow this."
-    default_code = "conflict"
 
 
 class Page(PageNumberPagination):
@@ -53,8 +47,19 @@ class EventsAPI:
     permission_classes = [StaffWithPermissions]
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
+    content_negotiation_class = params.NoFormatParameter
     pagination_class = Page
     required_perms = {}
+    # The query parameters a GET takes besides the paginator's; any other answers 400
+    # `unknown_parameter` (`params`).
+    filters: tuple[str, ...] = ()
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        # After authentication and permissions (401/403 first), and only for a method the
+        # endpoint has (405 for the others, whatever their query).
+        if hasattr(self, request.method.lower()):
+            params.check(self, request)
 
 
 def actor(request):
@@ -116,23 +121,11 @@ def by_backend(queryset, params):
 
 # -- the schema's shared parts ----------------------------------------------------------
 
-FIELD_ERRORS = OpenApiResponse(
-    response={
-        "type": "object",
-        "properties": {"detail": {"type": "string"}},
-        "additionalProperties": {"type": "array", "items": {"type": "string"}},
-    },
-    description=(
-        'Field messages: each key names a field (such as "steps[1].action") or is "non_field_errors"; '
-        'a body that is not JSON answers {"detail"} instead.'
-    ),
-)
-DETAIL = s.DetailSerializer
-
 
 def errors(*codes):
-    """The error responses of an endpoint: always 401 and 403, plus ``codes``."""
-    return {code: FIELD_ERRORS if code == 400 else DETAIL for code in (401, 403, *codes)}
+    """The error responses an endpoint answers besides those every operation does (those are
+    added to each by `cleanup.api.schema.declare_errors`): 409 where its state can refuse."""
+    return dict.fromkeys(codes, s.ErrorSerializer)
 
 
 def choice_param(name, choices, description):
@@ -163,6 +156,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.RunSerializer
     required_perms = {"GET": ["cleanup.view_run"], "POST": ["cleanup.add_run"]}
+    filters = ("status", "cleanup_status")
 
     def get_queryset(self):
         return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
@@ -232,7 +226,7 @@ class RunCancelView(EventsAPI, APIView):
         except Run.DoesNotExist:
             raise NotFound() from None
         except RunStateError as exc:
-            raise Conflict(str(exc)) from None
+            raise Conflict("run_ended", str(exc)) from None
         return Response(s.RunDetailSerializer(get_run(pk)).data)
 
 
@@ -255,7 +249,10 @@ class RunCleanupView(EventsAPI, APIView):
         try:
             reset = request_cleanup(run, actor(request))
         except CleanupRefused as exc:
-            raise Conflict(str(exc)) from None
+            run.refresh_from_db()
+            raise Conflict(
+                "run_in_flight" if run.status == RunStatus.RUNNING else "nothing_to_clean", str(exc)
+            ) from None
         answer = {"run": get_run(pk), "reset": reset, "queued": True}
         return Response(s.CleanupQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
 
@@ -265,7 +262,10 @@ class RunCleanupView(EventsAPI, APIView):
     summary="What the next cleanup pass would do, without doing it",
     parameters=[
         OpenApiParameter(
-            "live", str, enum=["1", "true"], description="Also read each leased target's live value through its lease."
+            "live",
+            str,
+            enum=["1", "true", "0", "false"],
+            description="1 or true: also read each leased target's live value through its lease.",
         )
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
@@ -275,10 +275,11 @@ class RunCleanupPlanView(EventsAPI, APIView):
     gives each back, its rows and their attempts left."""
 
     required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
+    filters = ("live",)
 
     def get(self, request, pk):
+        live = params.flag(request.query_params, "live")
         run = get_object_or_404(Run, pk=pk)
-        live = request.query_params.get("live") in ("1", "true")
         return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
 
 
@@ -293,6 +294,7 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    filters = ("state", "backend")
 
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
@@ -332,6 +334,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    filters = ("state", "module", "backend", "run")
 
     def get_queryset(self):
         params = self.request.query_params
@@ -376,7 +379,10 @@ class ResourceWaiveView(EventsAPI, APIView):
         waived = waive([row], body.validated_data["reason"], actor(request))
         row.refresh_from_db()
         if not waived:
-            raise Conflict(f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived")
+            raise Conflict(
+                "already_resolved",
+                f"resource {pk} is {row.state}; only an unresolved row that no sweeper holds can be waived",
+            )
         return Response(s.ResourceSerializer(row).data)
 
 
@@ -477,11 +483,11 @@ class SummaryView(EventsAPI, APIView):
 def not_found(request, exception=None):
     """A URL no endpoint matches answers JSON under /api/, like every other API error."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": NOT_FOUND}, status=404)
+        return error_response(404)
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request):
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Server error."}, status=500)
+        return error_response(500)
     return defaults.server_error(request)
