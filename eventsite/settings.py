@@ -261,6 +261,27 @@ LOGGING = {
     },
 }
 
+
+def env_rate(name, default):
+    """A DRF throttle rate ("120/min": a number, "/", then s, min, hour or day) from the
+    environment; "off" (or empty) for no limit."""
+    value = os.environ.get(name, default).strip()
+    if value.lower() in ("", "off", "none"):
+        return None
+    number, _, period = value.partition("/")
+    if not (number.isdecimal() and int(number) > 0 and period[:1] in ("s", "m", "h", "d")):
+        raise ImproperlyConfigured(f'{name} must be a rate such as "120/min" (per s, min, hour or day), or "off"')
+    return value
+
+
+# Per user, per scope (cleanup.api.throttles): reads, writes (start, cancel), and a person's
+# actions (cleanup, waive, reconcile, mark down or up), which each make work for the shards.
+API_THROTTLE_RATES = {
+    "events_reads": env_rate("API_THROTTLE_READS", "1200/min"),
+    "events_writes": env_rate("API_THROTTLE_WRITES", "120/min"),
+    "events_actions": env_rate("API_THROTTLE_ACTIONS", "30/min"),
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
@@ -270,6 +291,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PARSER_CLASSES": ["cleanup.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "cleanup.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
 }
 
 SPECTACULAR_SETTINGS = {
@@ -285,6 +307,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup.api.schema.refuse_unknown_fields",
+        "cleanup.api.idempotency.document_idempotency_key",
+        "cleanup.api.throttles.document_throttles",
     ],
     # Run.status and Step.status are both "status": name each choice set once.
     "ENUM_NAME_OVERRIDES": {
