@@ -364,6 +364,23 @@ Q_CLUSTER = {
     **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),
 }
 
+# The API's throttle counts (cleanup.api.throttles) go in their own cache: on Redis when
+# REDIS_URL is set, so that every process and machine counts one user together; else in
+# each process's memory, where each process counts apart.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "api_throttle": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{Q_CLUSTER['name']}:throttle",
+            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
+    ),
+}
+
 # The sandbox module's shards: SANDBOX_SHARDS, "name=url" pairs separated by commas
 # (north=http://127.0.0.1:7777,south=http://127.0.0.1:7778), each name a backend of the
 # module; when it is empty, a fleet of one, the shard at SANDBOX_SHARD_URL (backend "").

@@ -12,16 +12,25 @@ the API settings' ``DEFAULT_THROTTLE_RATES`` (the site reads them from the envir
 A scope without a rate is not throttled. A throttled request answers 429, code
 ``throttled``; a start past ``EVENT_MAX_RUNNING_RUNS`` or ``EVENT_MAX_RUNNING_RUNS_PER_USER``
 (`cleanup.runner.RunQuotaExceeded`) answers 429, code ``quota_exceeded``; both say in
-``Retry-After`` when to try again. The counts are kept in Django's default cache: with the
-default local-memory cache each process counts apart, so a site with several processes
-configures a shared cache (Redis) for one count per user.
+``Retry-After`` when to try again.
+
+The counts are kept in the cache named `CACHE` (``api_throttle``), else the default one.
+The site puts it on Redis when ``REDIS_URL`` is set, so every process and machine counts
+together; in a process's own memory otherwise, where each process counts apart. A cache that
+fails (Redis down) lets the request through, logged: a throttle never takes the API down.
 May import: Django and DRF only.
 """
 
+import logging
+
+from django.core.cache import InvalidCacheBackendError, caches
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
+logger = logging.getLogger(__name__)
+
+CACHE = "api_throttle"
 ACTION_PERMISSION = "cleanup.cleanup_run"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -35,6 +44,14 @@ class QuotaExceeded(Throttled):
     def __init__(self, detail=None, wait=None):
         APIException.__init__(self, detail, self.default_code)
         self.wait = wait
+
+
+def counts():
+    """The cache that holds the counts: `CACHE` when the site names one, else the default."""
+    try:
+        return caches[CACHE]
+    except InvalidCacheBackendError:
+        return caches["default"]
 
 
 def scope_of(request, view):
@@ -64,7 +81,12 @@ class EventsThrottle(SimpleRateThrottle):
         if not self.rate:
             return True
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        self.cache = counts()
+        try:
+            return super().allow_request(request, view)
+        except Exception:
+            logger.warning("the API's throttle could not reach its cache; the request is let through", exc_info=True)
+            return True
 
     def get_cache_key(self, request, view):
         user = request.user
