@@ -23,6 +23,7 @@ WRITES = {
     "/api/events/runs/",
     "/api/events/runs/{id}/cancel/",
     "/api/events/runs/{id}/cleanup/",
+    "/api/events/runs/{id}/waive/",
     "/api/events/resources/{id}/waive/",
     "/api/events/modules/{name}/down/",
     "/api/events/modules/{name}/up/",
