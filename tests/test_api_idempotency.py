@@ -214,6 +214,8 @@ def test_the_schema_offers_the_header_and_its_answers_on_every_post(api):
         headers = [p["name"] for p in operation["parameters"] if p["in"] == "header"]
         assert "Idempotency-Key" in headers, path
         assert {"409", "422"} <= set(operation["responses"]), path
+        answers = [a for code, a in operation["responses"].items() if code.startswith("2")]
+        assert answers and all("Idempotent-Replayed" in a["headers"] for a in answers), path
 
 
 # -- on PostgreSQL: retries that arrive together -------------------------------------------

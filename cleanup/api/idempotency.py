@@ -234,8 +234,16 @@ KEY_PARAMETER = {
 }
 
 
+REPLAYED_HEADER = {
+    "schema": {"type": "string", "enum": ["true"]},
+    "description": "Present on a retry answered with the first answer of its Idempotency-Key.",
+}
+LOCATION_HEADER = {"schema": {"type": "string", "format": "uri"}, "description": "What to follow: the run, or the log."}
+
+
 def document_idempotency_key(result, generator, request, public):
-    """drf-spectacular post-processing hook: the header, 409 and 422 on every POST."""
+    """drf-spectacular post-processing hook: the header, 409 and 422 on every POST, and the
+    answers' headers (``Idempotent-Replayed``; ``Location`` on 201 and 202)."""
     for operations in result.get("paths", {}).values():
         operation = operations.get("post")
         if operation is None:
@@ -244,6 +252,12 @@ def document_idempotency_key(result, generator, request, public):
         if not any(p.get("in") == "header" and p.get("name") == HEADER for p in params):
             params.append(dict(KEY_PARAMETER))
         responses = operation.setdefault("responses", {})
+        for code, answer in responses.items():
+            if code.startswith("2"):
+                headers = answer.setdefault("headers", {})
+                headers.setdefault(REPLAYED, REPLAYED_HEADER)
+                if code in ("201", "202"):
+                    headers.setdefault("Location", LOCATION_HEADER)
         error = responses.get("403") or responses.get("401")
         content = {"content": error["content"]} if error and "content" in error else {}
         responses.setdefault(
