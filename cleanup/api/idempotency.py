@@ -19,6 +19,7 @@ May import: Django and DRF, the models, conf.
 """
 
 import hashlib
+import itertools
 import json
 import time
 import unicodedata
@@ -119,7 +120,11 @@ def replay(row):
 def hold(user, key, print_, wait_s=None):
     """Hold ``key`` for this request, answering its row; or raise `Replay`, reused or in use."""
     deadline = time.monotonic() + (WAIT_S if wait_s is None else wait_s)
-    while True:
+    for turn in itertools.count():
+        if turn and time.monotonic() >= deadline:
+            # Bounded whatever happens between the insert and the read (a row let go and
+            # taken again, over and over): never a request that loops.
+            raise IdempotencyKeyInUse()
         now = timezone.now()
         token = uuid.uuid4()
         try:
