@@ -112,6 +112,18 @@ SETTINGS = (
     # What one run may hold (cleanup.validation).
     Setting("EVENT_MAX_STEPS", 1000, None, None, "the most steps a run may have"),
     Setting("EVENT_MAX_PARAMS_BYTES", 16 * 1024, None, None, "the largest params of one step, in bytes of JSON"),
+    # What runs may be running at once (cleanup.runner.start_run: a start past either is refused).
+    Setting("EVENT_MAX_RUNNING_RUNS", 200, 1, 1_000_000, "runs running at once, whoever started them"),
+    Setting("EVENT_MAX_RUNNING_RUNS_PER_USER", 20, 1, 1_000_000, "runs running at once that one user started"),
+    # The API's safe retries (cleanup.api.idempotency).
+    Setting(
+        "EVENT_IDEMPOTENCY_TTL_S",
+        DAY_S,
+        60,
+        30 * DAY_S,
+        "how long the answer to a POST with an `Idempotency-Key` is replayed to its retries; the tick prunes "
+        "older keys",
+    ),
     # Telling staff (cleanup.alerts).
     Setting(
         "EVENT_ALERT_WEBHOOK_URL", "", None, None, "where alerts are POSTed as JSON (none are when empty)", kind=URL

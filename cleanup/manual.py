@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from . import validation
 from .enqueue import queue_cleanup, queue_cleanups
-from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, ResourceState, Run
+from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, ResourceState, Run, RunLog
 from .sweep import CleanupRefused, cleanup_run, refresh_cleanup_status
 
 # Passes asked for together start this far apart, so that a shard coming back from an
@@ -29,14 +29,20 @@ def check_cleanup(run):
         raise CleanupRefused(f"run {run.pk} owes nothing: every row it took is resolved, so there is nothing to clean")
 
 
-def request_cleanup(run, actor):
+def request_cleanup(run, actor, reset=True):
     """Rule 6, as the admin and the API ask for it: reset the run's rows, queue a pass.
 
-    A run still in flight, or one that owes nothing, is refused and nothing changes.
+    With ``reset=False`` (the API's ``{"reset": false}``) the counters are kept: only a pass
+    is queued now, and the request is logged. A run still in flight, or one that owes
+    nothing, is refused and nothing changes. Answers how many rows were reset.
     """
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
-    cleared = run.reset_for_person(actor)
+    if reset:
+        cleared = run.reset_for_person(actor)
+    else:
+        cleared = 0
+        RunLog.write(run.pk, LogKind.CLEANUP_RETRY, resources=0, by=actor, reset=False)
     queue_cleanup(run.pk, actor=actor)
     return cleared
 

@@ -5,6 +5,7 @@ the filter says which state the row must still be in, and the row count says who
 May import: conf only; the engine imports the models, never the other way round.
 """
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -143,6 +144,8 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Who started it (the actor `start_run` was given): the per-user quota counts by it.
+    started_by = models.CharField(max_length=150, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -673,3 +676,41 @@ class Counter(models.Model):
 
     def __str__(self):
         return f"{self.key} {self.value}"
+
+
+class IdempotencyKeyQuerySet(models.QuerySet):
+    def prune(self, now=None, limit=1000):
+        """Delete at most ``limit`` keys past their expiry; answers how many went."""
+        now = now or timezone.now()
+        ids = list(self.filter(expires_at__lt=now).order_by("expires_at").values_list("id", flat=True)[:limit])
+        return self.filter(pk__in=ids, expires_at__lt=now).delete()[0] if ids else 0
+
+
+class IdempotencyKey(models.Model):
+    """A POST under the API sent with an ``Idempotency-Key``, and the answer it got (`cleanup.api.idempotency`).
+
+    One row per user and key. While the first request works, ``status`` is null and
+    ``token`` names that request, whose hold lasts until ``locked_until``; its answer is
+    then written here, fenced by the token, and every retry with the same ``fingerprint``
+    (method, path and body) until ``expires_at`` is answered from it.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    token = models.UUIDField()
+    locked_until = models.DateTimeField()
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True, default="")
+    body = models.TextField(blank=True, default="")
+    headers = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)
+
+    objects = IdempotencyKeyQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key_uniq")]
+
+    def __str__(self):
+        return f"{self.user_id} {self.key}"

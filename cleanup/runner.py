@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -31,7 +31,7 @@ from . import calls, ledger, outages, registry, validation
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
 from .logs import about, log_context
-from .models import LEASE_KIND, LogKind, Resource, Run, RunLog, RunStatus, Step, StepStatus
+from .models import LEASE_KIND, IdempotencyKey, LogKind, Resource, Run, RunLog, RunStatus, Step, StepStatus
 from .sweep import past, refresh_cleanup_status, sweep
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,48 @@ class RunSpecError(validation.Invalid):
 
 class RunStateError(Exception):
     """An operation the run's status does not allow, such as cancelling an ended run."""
+
+
+class RunQuotaExceeded(RunSpecError):
+    """A start refused because too many runs are running: ``EVENT_MAX_RUNNING_RUNS`` in
+    all, or ``EVENT_MAX_RUNNING_RUNS_PER_USER`` started by the same actor. Nothing is
+    stored; the start may be tried again once a run has ended (``retry_after_s``)."""
+
+    retry_after_s = 60
+
+
+# The advisory lock that makes the count of running runs and a start one step on
+# PostgreSQL: two starts at the quota's edge cannot both see room for one more.
+QUOTA_LOCK = 0x6576_5175  # "evQu"
+
+
+def _count_running(actor):
+    """(running runs, those started by ``actor``)."""
+    running = Run.objects.filter(status=RunStatus.RUNNING)
+    return running.count(), (running.filter(started_by=actor).count() if actor else 0)
+
+
+def _check_quota(actor):
+    """Refuse a start past either quota (`RunQuotaExceeded`); called inside the start's transaction."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [QUOTA_LOCK])
+    in_all, by_actor = _count_running(actor)
+    most, most_each = setting("EVENT_MAX_RUNNING_RUNS"), setting("EVENT_MAX_RUNNING_RUNS_PER_USER")
+    if in_all >= most:
+        raise RunQuotaExceeded(
+            {
+                "non_field_errors": f"{in_all} runs are running, the most at once (EVENT_MAX_RUNNING_RUNS={most}); "
+                "start this one once a run has ended"
+            }  # fmt: skip
+        )
+    if actor and by_actor >= most_each:
+        raise RunQuotaExceeded(
+            {
+                "non_field_errors": f"{actor} has {by_actor} runs running, the most one user may have at once "
+                f"(EVENT_MAX_RUNNING_RUNS_PER_USER={most_each}); start this one once one of them has ended"
+            }  # fmt: skip
+        )
 
 
 class CoreWait(registry.Action):
@@ -197,11 +239,18 @@ def _backend_of(action_id, params):
     return calls.backend_of(registry.get_action(action_id), params, action_id)
 
 
-def start_run(name, steps, actor=None):
-    """Validate and store a run, then queue a tick so it starts at once."""
+def start_run(name, steps, actor=None, quota=True):
+    """Validate and store a run, then queue a tick so it starts at once.
+
+    Refused (`RunQuotaExceeded`) when ``EVENT_MAX_RUNNING_RUNS`` runs are running, or
+    ``EVENT_MAX_RUNNING_RUNS_PER_USER`` that ``actor`` started. ``quota=False`` is for the
+    bench alone, which measures the engine at sizes past the quotas.
+    """
     cleaned = validate_spec(name, steps)
     with transaction.atomic():
-        run = Run.objects.create(name=name.strip(), wake_at=timezone.now())
+        if quota:
+            _check_quota(actor)
+        run = Run.objects.create(name=name.strip(), wake_at=timezone.now(), started_by=actor or "")
         Step.objects.bulk_create(
             Step(
                 run=run,
@@ -613,6 +662,8 @@ def tick(by="tick"):
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
     if not past(deadline):
         result.watched = _watch()
+    # The API's expired Idempotency-Keys go here, a bounded batch at a time.
+    IdempotencyKey.objects.prune()
     if result.work_left:
         queue_tick()
     return result

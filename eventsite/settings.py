@@ -276,6 +276,27 @@ LOGGING = {
     },
 }
 
+
+def env_rate(name, default):
+    """A DRF throttle rate ("120/min": a number, "/", then s, min, hour or day) from the
+    environment; "off" (or empty) for no limit."""
+    value = os.environ.get(name, default).strip()
+    if value.lower() in ("", "off", "none"):
+        return None
+    number, _, period = value.partition("/")
+    if not (number.isdecimal() and int(number) > 0 and period[:1] in ("s", "m", "h", "d")):
+        raise ImproperlyConfigured(f'{name} must be a rate such as "120/min" (per s, min, hour or day), or "off"')
+    return value
+
+
+# Per user, per scope (cleanup.api.throttles): reads, writes (start, cancel), and a person's
+# actions (cleanup, waive, reconcile, mark down or up), which each make work for the shards.
+API_THROTTLE_RATES = {
+    "events_reads": env_rate("API_THROTTLE_READS", "1200/min"),
+    "events_writes": env_rate("API_THROTTLE_WRITES", "120/min"),
+    "events_actions": env_rate("API_THROTTLE_ACTIONS", "30/min"),
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
@@ -285,6 +306,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PARSER_CLASSES": ["cleanup.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "cleanup.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
 }
 
 SPECTACULAR_SETTINGS = {
@@ -306,6 +328,8 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup.api.schema.refuse_unknown_fields",
         "cleanup.api.schema.declare_errors",
+        "cleanup.api.idempotency.document_idempotency_key",
+        "cleanup.api.throttles.document_throttles",
     ],
     # Run.status and Step.status are both "status": name each choice set once.
     "ENUM_NAME_OVERRIDES": {
@@ -367,6 +391,23 @@ Q_CLUSTER = {
     "sync": env_bool("Q_SYNC", False),
     # django-q2 reads `redis` as a URL (redis.from_url) or as keyword arguments.
     **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),
+}
+
+# The API's throttle counts (cleanup.api.throttles) go in their own cache: on Redis when
+# REDIS_URL is set, so that every process and machine counts one user together; else in
+# each process's memory, where each process counts apart.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "api_throttle": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{Q_CLUSTER['name']}:throttle",
+            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
+    ),
 }
 
 # The sandbox module's shards: SANDBOX_SHARDS, "name=url" pairs separated by commas

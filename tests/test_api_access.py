@@ -43,8 +43,9 @@ def ended_run():
     return run
 
 
-def endpoints(run, row, running=None):
-    """(method, path, body, the permissions it needs) for every endpoint; `running` is cancelled."""
+def endpoints(run, row, running=None, other=None):
+    """(method, path, body, the permissions it needs) for every endpoint; `running` is cancelled,
+    the row id `other` (else `row`) waived with the run's others."""
     return [
         ("get", f"{API}runs/", None, ["view_run"]),
         (
@@ -64,6 +65,7 @@ def endpoints(run, row, running=None):
         ("post", f"{API}resources/{row.pk}/waive/", {"reason": "gone by hand"}, ["cleanup_run"]),
         ("post", f"{API}modules/test/reconcile/", {}, ["cleanup_run"]),
         ("get", f"{API}summary/", None, ["view_run", "view_resource"]),
+        ("post", f"{API}runs/{run.pk}/waive/", {"reason": "gone by hand", "rows": [other or row.pk]}, ["cleanup_run"]),
     ]
 
 
@@ -115,8 +117,9 @@ def test_a_deactivated_users_token_is_refused(ended_run):
 
 def test_each_endpoint_needs_its_permission(ended_run):
     row = Resource.objects.get()
+    other = make_rows(make_step(ended_run), ["orc-2"], placeholder=False)[0].pk
     running = make_run(status=RunStatus.RUNNING, name="live raid")
-    for index, (method, path, body, needed) in enumerate(endpoints(ended_run, row, running)):
+    for index, (method, path, body, needed) in enumerate(endpoints(ended_run, row, running, other)):
         others = [p for p in EVERY_PERMISSION if p not in needed]
         for missing in needed:
             held = [p for p in needed if p != missing] + others

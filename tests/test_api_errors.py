@@ -174,7 +174,8 @@ def test_it_answers_every_404_as_json_in_one_wording_whatever_debug(api, debug):
     "path, body",
     [
         ("runs/{run}/cancel/", {"cleanup": True, "force": True}),
-        ("runs/{run}/cleanup/", {"reset": True}),
+        ("runs/{run}/cleanup/", {"reset": True, "now": True}),
+        ("runs/{run}/waive/", {"reason": "gone", "rows": "all", "by": "x"}),
         ("resources/{row}/waive/", {"reason": "gone", "by": "x"}),
         ("modules/test/reconcile/", {"restarted": False, "all": True}),
     ],
@@ -182,7 +183,7 @@ def test_it_answers_every_404_as_json_in_one_wording_whatever_debug(api, debug):
 def test_every_write_endpoint_refuses_unknown_fields(api, run, path, body):
     url = API + path.format(run=run.pk, row=Resource.objects.get().pk)
     errors = assert_json_error(api.post(url, body, format="json"), 400)
-    unknown = sorted(set(body) - {"cleanup", "reason", "restarted"})
+    unknown = sorted(set(body) - {"cleanup", "reason", "restarted", "reset", "rows"})
     assert errors == {field: ["unknown field"] for field in unknown}
     assert Run.objects.get().status == RunStatus.RUNNING
     assert Resource.objects.get().state == "live"

@@ -171,10 +171,10 @@ def test_reconciling_a_backend_queues_its_reconcile_alone(fleet, monkeypatch):
     client = api_as("cleanup_run")
     answer = client.post(API + "modules/test/backends/north/reconcile/", {"restarted": True}, format="json")
     assert answer.status_code == 202
-    assert answer.json() == {"module": "test", "backend": "north", "restarted": True, "queued": True}
+    assert answer.json() == {"module": "test", "backend": "north", "restarted": True, "queued": True, "after": 0}
     assert queued == [{"module": "test", "restarted": True, "backend": "north"}]
     whole = client.post(API + "modules/test/reconcile/", {}, format="json")
-    assert whole.json() == {"module": "test", "restarted": False, "queued": True}
+    assert whole.json() == {"module": "test", "restarted": False, "queued": True, "after": 0}
     assert queued[-1] == {"module": "test", "restarted": False, "backend": None}
 
 

@@ -129,7 +129,7 @@ def test_reconcile_queues_and_orphans_what_the_module_no_longer_has(api, django_
     with django_capture_on_commit_callbacks(execute=True):
         response = api.post(f"{API}modules/test/reconcile/", format="json")
     assert response.status_code == 202
-    assert response.json() == {"module": "test", "restarted": False, "queued": True}
+    assert response.json() == {"module": "test", "restarted": False, "queued": True, "after": 0}
     assert states(run)["orc-1"] == "orphaned" and states(run)["orc-2"] == "live"
 
 

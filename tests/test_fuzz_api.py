@@ -23,6 +23,7 @@ WRITES = {
     "/api/v1/events/runs/",
     "/api/v1/events/runs/{id}/cancel/",
     "/api/v1/events/runs/{id}/cleanup/",
+    "/api/v1/events/runs/{id}/waive/",
     "/api/v1/events/resources/{id}/waive/",
     "/api/v1/events/modules/{name}/down/",
     "/api/v1/events/modules/{name}/up/",

@@ -56,6 +56,10 @@ CODES = {
     "already_resolved": (409, "A waiver of a row already resolved, or held by a sweeper right now."),
     "already_down": (409, "A backend marked down that is down already."),
     "already_up": (409, "A backend marked up that is up already (or was never seen)."),
+    "idempotency_key_in_use": (
+        409,
+        "A request with this `Idempotency-Key` is still being worked on; `Retry-After` says when to retry.",
+    ),
     "payload_too_large": (413, "A body over `DATA_UPLOAD_MAX_MEMORY_SIZE`."),
     "unsupported_media_type": (415, "A body that is not `application/json`."),
     "idempotency_key_reused": (422, "An `Idempotency-Key` sent again with another body."),

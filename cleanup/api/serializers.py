@@ -126,6 +126,58 @@ class MarkDownSerializer(StrictSerializer):
         return value
 
 
+class CleanupSerializer(StrictSerializer):
+    reset = StrictBooleanField(
+        default=True,
+        help_text="Put the run's unresolved rows back under the attempt ceiling first (default, rule 6); "
+        "false: a pass now, counters kept.",
+    )
+
+
+# The most row ids one waiver may name; "all" names every unresolved row of the run.
+MAX_WAIVE_ROWS = 1000
+MAX_ID = 2**63 - 1
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+                "minItems": 1,
+                "maxItems": MAX_WAIVE_ROWS,
+            },
+            {"type": "string", "enum": ["all"]},
+        ]
+    }
+)
+class RowsField(serializers.Field):
+    """``"all"``, or a list of row ids (at most `MAX_WAIVE_ROWS`)."""
+
+    def to_internal_value(self, data):
+        if data == "all":
+            return data
+        if not isinstance(data, list) or not data:
+            raise serializers.ValidationError('"all", or a list of row ids')
+        if len(data) > MAX_WAIVE_ROWS:
+            raise serializers.ValidationError(f'at most {MAX_WAIVE_ROWS} row ids, got {len(data)}; or "all"')
+        bad = [v for v in data if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_ID]
+        if bad:
+            raise serializers.ValidationError(f"row ids are whole numbers from 1 to {MAX_ID}, got {bad[0]!r}")
+        return sorted(set(data))
+
+    def to_representation(self, value):
+        return value
+
+
+class RunWaiveSerializer(StrictSerializer):
+    reason = StrictCharField(
+        max_length=validation.MAX_REASON, help_text="Why nothing is given back; logged with the actor."
+    )
+    rows = RowsField(help_text='The run\'s rows to waive: their ids, or "all" for every unresolved row.')
+
+
 class ReconcileSerializer(StrictSerializer):
     restarted = StrictBooleanField(
         default=False,
@@ -310,16 +362,29 @@ class RunLogSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+AFTER_HELP = (
+    "The change feed's position before this request's work: what it does is listed after it (changes/?after=this)."
+)
+
+
 class CleanupQueuedSerializer(serializers.Serializer):
     run = RunSerializer()
-    reset = serializers.IntegerField(help_text="Unresolved rows put back under the attempt ceiling.")
+    reset = serializers.IntegerField(help_text="Unresolved rows put back under the attempt ceiling (0 without reset).")
     queued = serializers.BooleanField()
+    after = serializers.IntegerField(help_text=AFTER_HELP)
+
+
+class RunWaivedSerializer(serializers.Serializer):
+    run = RunSerializer()
+    waived = serializers.IntegerField(help_text="Rows waived by this request.")
+    after = serializers.IntegerField(help_text=AFTER_HELP)
 
 
 class ReconcileQueuedSerializer(serializers.Serializer):
     module = serializers.CharField()
     restarted = serializers.BooleanField()
     queued = serializers.BooleanField()
+    after = serializers.IntegerField(help_text=AFTER_HELP)
 
 
 class BackendReconcileQueuedSerializer(ReconcileQueuedSerializer):

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="events-run"),
     path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="events-run-cancel"),
     path("runs/<int:pk>/cleanup/", views.RunCleanupView.as_view(), name="events-run-cleanup"),
+    path("runs/<int:pk>/waive/", views.RunWaiveView.as_view(), name="events-run-waive"),
     path("runs/<int:pk>/cleanup-plan/", views.RunCleanupPlanView.as_view(), name="events-run-cleanup-plan"),
     path("runs/<int:pk>/resources/", views.RunResourcesView.as_view(), name="events-run-resources"),
     path("runs/<int:pk>/log/", views.RunLogView.as_view(), name="events-run-log"),

@@ -4,8 +4,11 @@ May import: the engine's entry points, the models, `calls` (a backend's name), `
 queueing, the API's own modules.
 """
 
+from urllib.parse import urlencode
+
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
@@ -16,18 +19,21 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..calls import MAX_BACKEND, backend_name_ok
+from ..feed import position
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
 from ..plan import cleanup_plan
 from ..reconcile import module_known
-from ..runner import RunSpecError, RunStateError, cancel_run, start_run
+from ..runner import RunQuotaExceeded, RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import params
 from . import serializers as s
 from .errors import Conflict, error_response
+from .idempotency import IdempotentPosts
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
+from .throttles import EventsThrottle, QuotaExceeded
 
 # The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
 # instead of matching nothing.
@@ -40,11 +46,13 @@ class Page(PageNumberPagination):
     max_page_size = 500
 
 
-class EventsAPI:
-    # Staff only, JSON in and out; `required_perms` names each method's permissions. (A
-    # comment, not a docstring: the schema would show it as every endpoint's description.)
+class EventsAPI(IdempotentPosts):
+    # Staff only, JSON in and out; `required_perms` names each method's permissions; a POST
+    # with an Idempotency-Key is done once (`idempotency`). (A comment, not a docstring:
+    # the schema would show it as every endpoint's description.)
 
     permission_classes = [StaffWithPermissions]
+    throttle_classes = [EventsThrottle]
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = params.NoFormatParameter
@@ -64,6 +72,17 @@ class EventsAPI:
 
 def actor(request):
     return request.user.get_username()
+
+
+def api_url(request, url_name, **kwargs):
+    """The absolute URL of the endpoint ``url_name``, under the same API (and version) as ``request``."""
+    namespace = request.resolver_match.namespace if request.resolver_match else ""
+    return request.build_absolute_uri(reverse(f"{namespace}:{url_name}" if namespace else url_name, kwargs=kwargs))
+
+
+def accepted(request, serializer, answer, location):
+    """A 202: the work is queued; ``Location`` says what to follow, ``after`` where the feed stands."""
+    return Response(serializer(answer).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location})
 
 
 def runs():
@@ -190,9 +209,15 @@ class RunListView(EventsAPI, generics.ListAPIView):
             raise ValidationError(unknown)
         try:
             run = start_run(body.get("name"), body.get("steps"), actor=actor(request))
+        except RunQuotaExceeded as exc:
+            raise QuotaExceeded(" ".join(exc.errors.values()), wait=exc.retry_after_s) from None
         except RunSpecError as exc:
             raise ValidationError({field: [message] for field, message in exc.errors.items()}) from None
-        return Response(s.RunDetailSerializer(get_run(run.pk)).data, status=status.HTTP_201_CREATED)
+        return Response(
+            s.RunDetailSerializer(get_run(run.pk)).data,
+            status=status.HTTP_201_CREATED,
+            headers={"Location": api_url(request, "events-run", pk=run.pk)},
+        )
 
 
 @extend_schema(tags=["runs"], summary="A run with its steps", responses={200: s.RunDetailSerializer, **errors(404)})
@@ -232,29 +257,68 @@ class RunCancelView(EventsAPI, APIView):
 
 @extend_schema(
     tags=["runs"],
-    summary="Clean up an ended run now (a person's retry: resets its attempts)",
-    request=None,
+    summary="Clean up an ended run now (a person's retry: resets its attempts unless reset is false)",
+    request=s.CleanupSerializer,
     responses={202: s.CleanupQueuedSerializer, **errors(400, 404, 409)},
 )
 class RunCleanupView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
-    ceiling, logs `cleanup.retry` with the actor and queues a pass. A run still in flight,
-    or one that owes nothing, answers 409 and nothing changes."""
+    ceiling (`"reset": false` keeps the counters), logs `cleanup.retry` with the actor and
+    queues a pass. A run still in flight, or one that owes nothing, answers 409 and nothing
+    changes. `Location` is the run; `after` the feed's position to follow the pass from."""
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
     def post(self, request, pk):
-        s.EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        body = s.CleanupSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
         run = get_object_or_404(Run, pk=pk)
+        after = position()
         try:
-            reset = request_cleanup(run, actor(request))
+            reset = request_cleanup(run, actor(request), reset=body.validated_data["reset"])
         except CleanupRefused as exc:
             run.refresh_from_db()
             raise Conflict(
                 "run_in_flight" if run.status == RunStatus.RUNNING else "nothing_to_clean", str(exc)
             ) from None
-        answer = {"run": get_run(pk), "reset": reset, "queued": True}
-        return Response(s.CleanupQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+        answer = {"run": get_run(pk), "reset": reset, "queued": True, "after": after}
+        return accepted(request, s.CleanupQueuedSerializer, answer, api_url(request, "events-run", pk=pk))
+
+
+@extend_schema(
+    tags=["runs"],
+    summary="Waive many of a run's rows in one call; nothing is given back",
+    request=s.RunWaiveSerializer,
+    responses={200: s.RunWaivedSerializer, **errors(400, 404, 409)},
+)
+class RunWaiveView(EventsAPI, APIView):
+    """Needs `cleanup.cleanup_run`. Resolves the rows named (`"rows": [ids]`, each a row of
+    this run, else 400) or every unresolved row of the run (`"rows": "all"`) as `waived`,
+    with the reason and the actor, as one waiver of each row would. Rows already resolved,
+    or held by a sweeper now, are left as they are; when that leaves nothing to waive, 409."""
+
+    required_perms = {"POST": ["cleanup.cleanup_run"]}
+
+    def post(self, request, pk):
+        run = get_object_or_404(Run, pk=pk)
+        body = s.RunWaiveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        asked = body.validated_data["rows"]
+        rows = run.resources.filter(state__in=UNRESOLVED)
+        if asked != "all":
+            strangers = sorted(set(asked) - set(run.resources.filter(pk__in=asked).values_list("id", flat=True)))
+            if strangers:
+                raise ValidationError({"rows": [f"not rows of run {run.pk}: {', '.join(map(str, strangers[:20]))}"]})
+            rows = rows.filter(pk__in=asked)
+        after = position()
+        waived = waive(list(rows.only("id", "run_id")), body.validated_data["reason"], actor(request))
+        if not waived:
+            raise Conflict(
+                "already_resolved",
+                f"nothing to waive in run {run.pk}: the rows asked are resolved, or held by a sweeper right now",
+            )
+        answer = {"run": get_run(pk), "waived": waived, "after": after}
+        return Response(s.RunWaivedSerializer(answer).data)
 
 
 @extend_schema(
@@ -411,12 +475,16 @@ class ModuleReconcileView(EventsAPI, APIView):
         if not module_known(name):
             raise NotFound()
         restarted = body.validated_data["restarted"]
+        after = position()
         queue_reconcile(module=name, restarted=restarted, backend=backend)
-        answer = {"module": name, "restarted": restarted, "queued": True}
+        answer = {"module": name, "restarted": restarted, "queued": True, "after": after}
+        # What to follow: the module's log, where the reconcile's findings are written.
+        location = api_url(request, "events-module-log", name=name)
         if backend is None:
-            return Response(s.ReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+            return accepted(request, s.ReconcileQueuedSerializer, answer, location)
         answer["backend"] = backend
-        return Response(s.BackendReconcileQueuedSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+        location += "?" + urlencode({"backend": backend})
+        return accepted(request, s.BackendReconcileQueuedSerializer, answer, location)
 
 
 @extend_schema(

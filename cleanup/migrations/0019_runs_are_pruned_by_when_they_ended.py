@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0013_a_persons_mark_down_holds'),
+        ('cleanup', '0014_idempotency_keys_and_who_started_a_run'),
     ]
 
     operations = [
