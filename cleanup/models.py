@@ -43,6 +43,8 @@ class StepStatus(models.TextChoices):
     RUNNING = "running", "running"
     DONE = "done", "done"
     FAILED = "failed", "failed"
+    # A step of a run that was cancelled or aborted before the step finished.
+    CANCELLED = "cancelled", "cancelled"
 
 
 class ResourceState(models.TextChoices):
@@ -610,6 +612,18 @@ class ModuleEvent(models.Model):
 
     def __str__(self):
         return f"{self.module} {self.kind}"
+
+
+class Wake(models.Model):
+    """The engine's next wake-up (`cleanup.wakeup`): one row, whose ``at`` says which time a
+    queued wake task already sleeps towards, so that many runs waiting at once hold one
+    worker, not one each. Moved by conditional UPDATEs; ``at`` is cleared by the task that
+    woke for it."""
+
+    at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"wake at {self.at}" if self.at else "no wake armed"
 
 
 class AlertChannel(models.TextChoices):

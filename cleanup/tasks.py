@@ -37,6 +37,16 @@ def tick_task():
     return line
 
 
+def wake_task(at=None):
+    """The engine's wake-up (`cleanup.wakeup`): sleep until ``at``, then tick, which arms the next."""
+    from .wakeup import hold, sleep_until, woke
+
+    hold(at)
+    sleep_until(at)
+    woke(at)
+    return tick_task()
+
+
 def sweep_task():
     from datetime import timedelta
 
