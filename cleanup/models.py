@@ -579,6 +579,10 @@ class ModuleHealth(models.Model):
         """Is a person's mark-down still holding at ``now``?"""
         return self.held and (self.held_until is None or self.held_until > now)
 
+    def waiting(self):
+        """What work that waits on this backend says, as values: which backend, since when, why."""
+        return {"backend": self.name, "since": self.down_since, "reason": self.last_error}
+
     def waiting_text(self):
         """What a person is shown for work that waits on this backend."""
         since = timezone.localtime(self.down_since).strftime("%H:%M:%S") if self.down_since else "?"

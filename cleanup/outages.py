@@ -348,6 +348,14 @@ def waiting_reasons(keys):
     return {pairs[(h.module, h.backend)]: h.waiting_text() for h in down if (h.module, h.backend) in pairs}
 
 
+def waiting_on(keys):
+    """``{key: ModuleHealth}`` for those of ``keys`` (``(module, backend)`` pairs) that are
+    down now; one query, for a whole page of rows."""
+    pairs = {tuple(k) for k in keys}
+    down = ModuleHealth.objects.down().filter(module__in={module for module, _backend in pairs})
+    return {(h.module, h.backend): h for h in down if (h.module, h.backend) in pairs}
+
+
 def take_probe(module, now=None, backend=""):
     """Claim the next probe of a down backend; True for the one worker that may make it."""
     now = now or timezone.now()

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from .. import outages, validation
 from ..conf import max_revert_attempts
-from ..models import ModuleEvent, Resource, Run, RunLog, Step
+from ..models import OWING, ModuleEvent, Resource, Run, RunLog, Step
 
 NULLABLE_TEXT = {"type": "string", "nullable": True}
 
@@ -170,15 +170,30 @@ class WaitingListSerializer(serializers.ListSerializer):
 
     def to_representation(self, data):
         rows = list(data.all() if hasattr(data, "all") else data)
-        self.context["waiting"] = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+        self.context["waiting"] = outages.waiting_on({(r.module, r.backend) for r in rows}) if rows else {}
         return super().to_representation(rows)
+
+
+class WaitingSerializer(serializers.Serializer):
+    """A ledger row waiting for its backend: its own state, never text in ``last_error``."""
+
+    backend = serializers.CharField(help_text='The backend it waits for, as people read it: "sandbox/south".')
+    since = serializers.DateTimeField(allow_null=True, help_text="When the backend went down.")
+    reason = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
 
 
 class ResourceSerializer(serializers.ModelSerializer):
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     waiting = serializers.SerializerMethodField(
-        help_text='Why the sweep does not try the row now: "waiting: <module>[/<backend>] is down since <time> '
-        '(<error>)"; null unless its own backend is down.'
+        help_text="While its own backend is down and the sweep would otherwise try it: which backend, since when "
+        "and why; null otherwise."
+    )
+    retryable = serializers.SerializerMethodField(
+        help_text="Whether the automatic sweep will try it again: false once it has no attempt left, is "
+        "terminal, or resolved."
+    )
+    next_attempt_at = serializers.SerializerMethodField(
+        help_text="When the sweep tries it next; null when it will not (no attempt left, resolved, not retryable)."
     )
 
     class Meta:
@@ -211,14 +226,29 @@ class ResourceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
         list_serializer_class = WaitingListSerializer
 
-    @extend_schema_field(NULLABLE_TEXT)
+    @extend_schema_field(WaitingSerializer(allow_null=True))
     def get_waiting(self, row):
         key = (row.module, row.backend)
-        reasons = self.context.get("waiting")
-        if reasons is None:
-            reasons = outages.waiting_reasons([key])
-        reason = reasons.get(key)
-        return reason if reason and outages.row_waits(row, max_revert_attempts()) else None
+        down = self.context.get("waiting")
+        if down is None:
+            down = outages.waiting_on([key])
+        health = down.get(key)
+        if health is None or not outages.row_waits(row, max_revert_attempts()):
+            return None
+        return WaitingSerializer(health.waiting()).data
+
+    def _tried_again(self, row):
+        return row.retryable and row.state in OWING and row.revert_attempts < max_revert_attempts()
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_retryable(self, row):
+        return self._tried_again(row)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_next_attempt_at(self, row):
+        if row.next_attempt_at is None or not self._tried_again(row):
+            return None
+        return serializers.DateTimeField().to_representation(row.next_attempt_at)
 
 
 class BackendHealthSerializer(serializers.Serializer):
