@@ -16,6 +16,7 @@ from django.conf import settings
 # Kinds of value, as docs/settings.md names them.
 INT = "whole number"
 URL = "URL"
+TEXT = "text"
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,14 @@ SETTINGS = (
         "EVENT_ALERT_WEBHOOK_URL", "", None, None, "where alerts are POSTed as JSON (none are when empty)", kind=URL
     ),
     Setting(
+        "EVENT_ALERT_WEBHOOK_SECRET",
+        "",
+        None,
+        None,
+        "signs each webhook delivery (`X-Eventsite-Signature`, docs/api.md); unsigned when empty",
+        kind=TEXT,
+    ),
+    Setting(
         "EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3, None, None, "how long a webhook may take before it is tried again later"
     ),
     Setting(
@@ -181,4 +190,6 @@ def _shown(default):
 def _accepts(entry):
     if entry.kind == INT and entry.low is not None:
         return f"{entry.low} to {entry.high}"
-    return f"{entry.kind}, empty for none" if entry.kind == URL else f"{entry.kind} (not checked)"
+    if entry.kind in (URL, TEXT):
+        return f"{entry.kind}, empty for none"
+    return f"{entry.kind} (not checked)"

@@ -603,8 +603,11 @@ class ModuleEvent(models.Model):
     kind = models.CharField(max_length=32, choices=ModuleEventKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
-    # Set by the one worker that told staff of this change (cleanup.alerts.tell_module).
+    # Set by the one worker that wrote this change's outbox (cleanup.alerts.tell_module).
     alerted_at = models.DateTimeField(null=True, blank=True)
+    # When a mail or webhook telling staff of it was accepted; null while none was (none
+    # sent yet, or no destination set): only then were staff told.
+    told_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -645,6 +648,9 @@ class Alert(models.Model):
     # A run's alert names its run; a module's (module.down, module.up) names its module.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts", null=True, blank=True)
     module = models.CharField(max_length=100, blank=True, default="")
+    module_event = models.ForeignKey(
+        "ModuleEvent", on_delete=models.CASCADE, related_name="alerts", null=True, blank=True
+    )
     event = models.CharField(max_length=64)  # the log kind: cleanup.gave_up, cleanup.recovered, module.down, ...
     channel = models.CharField(max_length=16, choices=AlertChannel.choices)
     payload = models.JSONField(default=dict)

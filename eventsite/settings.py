@@ -300,7 +300,11 @@ SPECTACULAR_SETTINGS = {
 # from the environment variable of that name when it is set. Unset, the Django setting stays
 # unset and the engine uses the default in cleanup.conf's table, where each is read at the
 # moment of use (so override_settings works) and checked by the system checks.
-_ENGINE_READERS = {engine_conf.INT: lambda name: env_int(name, None), engine_conf.URL: os.environ.get}
+_ENGINE_READERS = {
+    engine_conf.INT: lambda name: env_int(name, None),
+    engine_conf.URL: os.environ.get,
+    engine_conf.TEXT: os.environ.get,
+}
 for _entry in engine_conf.SETTINGS:
     for _name in _entry.names:
         _value = _ENGINE_READERS[_entry.kind](_name)

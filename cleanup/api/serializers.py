@@ -291,7 +291,11 @@ class ModuleEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ModuleEvent
-        fields = ["id", "module", "backend", "kind", "detail", "at", "alerted_at"]
+        fields = ["id", "module", "backend", "kind", "detail", "at", "alerted_at", "told_at"]
+        extra_kwargs = {
+            "alerted_at": {"help_text": "When its alert was written to the outbox (or found nowhere to go)."},
+            "told_at": {"help_text": "When a mail or webhook telling staff of it was accepted; null until then."},
+        }
         read_only_fields = fields
 
 
