@@ -43,6 +43,9 @@ class Setting:
 
 
 DAY_S = 86_400
+# The longest the engine's wake task sleeps, holding a worker, before it ticks
+# (`cleanup.wakeup`): a constant, not a setting; `cleanup.checks` counts it in a task's time.
+WAKE_SLEEP_MAX_S = 40
 
 SETTINGS = (
     # The cleanup pass. The database CHECK on Resource.revert_attempts is written with the

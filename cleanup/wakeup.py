@@ -32,14 +32,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from .conf import setting
+from .conf import WAKE_SLEEP_MAX_S, setting
 from .enqueue import WAKE, enqueue
 from .models import CLAIMABLE, TERMINAL, Resource, Run, RunStatus, Wake
 
 logger = logging.getLogger(__name__)
 
 # The longest a wake task sleeps, holding its worker.
-SLEEP_MAX_S = 40
+SLEEP_MAX_S = WAKE_SLEEP_MAX_S
 # django-q2's scheduler looks for due schedules this often (its Sentinel's fixed cycle).
 SCHEDULER_EVERY_S = 30
 # A wake armed this long ago whose task never cleared it was lost: a later arm takes it over.
