@@ -59,6 +59,8 @@ def sweep_task():
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")), ahead=ahead)
     if result.work_left:
         ahead()
+    else:
+        wake_when_due()
     notice_staff()
     return result.line()
 
@@ -74,6 +76,8 @@ def cleanup_run_task(run_id, actor=None):
     summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
     if summary.work_left:
         ahead()
+    else:
+        wake_when_due()  # a row's backoff ends on time, not at the minute tick
     notice_staff()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
@@ -85,6 +89,16 @@ def cleanup_runs_task(run_ids, actor=None):
     done = clean_in_turn(run_ids, actor)
     notice_staff()
     return f"cleaned {done} run(s) in turn"
+
+
+def wake_when_due():
+    """Arm the engine's wake-up for the next work that falls due (`cleanup.wakeup`); never fails the task."""
+    from .wakeup import arm_next
+
+    try:
+        arm_next()
+    except Exception:
+        logger.exception("could not arm the next wake-up; the minute tick is the backstop")
 
 
 def notice_staff():

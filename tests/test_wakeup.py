@@ -177,3 +177,16 @@ def test_in_sync_mode_nothing_is_armed():
     enqueue.assert_not_called()
     assert not Wake.objects.exists()
     assert not Step.objects.exists()
+
+
+def test_a_runs_cleanup_that_leaves_a_row_backing_off_wakes_when_its_backoff_ends(clock, settings):
+    settings.EVENT_REVERT_BACKOFF_S = 20
+    registry.register_action(FakeAction(revert=Scripted({"ok": False, "error": "in combat", "retry": True})))
+    run = make_run(status=RunStatus.COMPLETED)
+    [row] = make_rows(make_step(run), ["wolf-1"], placeholder=False)
+
+    tasks.cleanup_run_task(run.pk)
+
+    row.refresh_from_db()
+    assert row.next_attempt_at is not None and row.state == "failed"
+    assert clock == [row.next_attempt_at], "the row's retry was left to the minute tick"
