@@ -220,6 +220,9 @@ class Step(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # While the step waits for its backend to answer again: since when that backend is down
+    # (its outage's `down_since`); null otherwise. Its own field, never text in last_error.
+    waiting_since = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -286,7 +286,7 @@ def resume_steps(module, now, backend=""):
         backend=backend,
         status=StepStatus.PENDING,
         next_attempt_at__gt=now,
-        last_error__startswith="waiting",
+        waiting_since__isnull=False,
     )
     run_ids = list(held.values_list("run_id", flat=True).distinct())
     if not run_ids:
@@ -294,6 +294,22 @@ def resume_steps(module, now, backend=""):
     resumed = held.update(next_attempt_at=now)
     Run.objects.filter(pk__in=run_ids, status=RunStatus.RUNNING, wake_at__gt=now).update(wake_at=now)
     return resumed
+
+
+def step_module(step):
+    """The module a step calls, or None (a built-in wait, an unregistered action)."""
+    if step.action_id == "core.lease":
+        entry = registry.get_lease((step.params or {}).get("lease"))
+    else:
+        entry = registry.get_action(step.action_id)
+    return getattr(entry, "module", None)
+
+
+def step_waits_on(step, now=None):
+    """The `ModuleHealth` of the backend a step of a running run waits for, or None."""
+    if step.waiting_since is None or step.status != StepStatus.PENDING:
+        return None
+    return outage_of(step_module(step), now, backend=step.backend)
 
 
 def _waiting(module, backend):

@@ -235,7 +235,7 @@ def _end(run_id, status, kind, auto_cleanup=True, **detail):
         if status != RunStatus.COMPLETED:
             # Steps that never finished will not: they read `cancelled`, not `running`.
             Step.objects.filter(run_id=run_id, status__in=(StepStatus.PENDING, StepStatus.RUNNING)).update(
-                status=StepStatus.CANCELLED, finished_at=now, next_attempt_at=None
+                status=StepStatus.CANCELLED, finished_at=now, next_attempt_at=None, waiting_since=None
             )
         RunLog.write(run_id, kind, **detail)
     run = Run.objects.get(pk=run_id)
@@ -381,20 +381,17 @@ def advance_run(run_id, deadline=None):
 
 def _module_of(step):
     """The module a step calls, or None (a built-in wait, an unregistered action)."""
-    if step.action_id == LEASE:
-        entry = registry.get_lease((step.params or {}).get("lease"))
-    else:
-        entry = registry.get_action(step.action_id)
-    return getattr(entry, "module", None)
+    return outages.step_module(step)
 
 
 def _wait_for_module(step, until):
     """Hold the step while its module is down; say why once per outage. Answers ``until``."""
     health = outages.outage_of(_module_of(step), backend=step.backend)
     reason = health.waiting_text() if health else "waiting for its module to answer again"
-    this_outage = reason.split(" (", 1)[0]  # the module and since when, not the latest error
-    first = Step.objects.filter(pk=step.pk).exclude(last_error__startswith=this_outage).exists()
-    Step.objects.filter(pk=step.pk).update(last_error=reason, next_attempt_at=until)
+    since = health.down_since if health and health.down_since else timezone.now()
+    # Its own field, never text in last_error, which keeps the step's own last error.
+    first = Step.objects.filter(pk=step.pk).filter(Q(waiting_since__isnull=True) | ~Q(waiting_since=since)).exists()
+    Step.objects.filter(pk=step.pk).update(waiting_since=since, next_attempt_at=until)
     if first:
         RunLog.write(
             step.run_id,
@@ -436,7 +433,9 @@ def _perform(step):
     now = timezone.now()
     taken = Step.objects.filter(
         pk=step.pk, status__in=(StepStatus.PENDING, StepStatus.RUNNING), attempts=step.attempts
-    ).update(status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None)
+    ).update(
+        status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None, waiting_since=None
+    )
     if not taken:
         return timezone.now()  # another ticker moved this step: look again
     step.refresh_from_db()

@@ -1,5 +1,6 @@
-"""A ledger row says what will happen to it: waiting for its backend is its own field, and a
-row with no attempt left has no next attempt and is not retryable (issue 19, item 6)."""
+"""A ledger row, and a step, say what will happen to them: waiting for a backend is its own
+field, and a row with no attempt left has no next attempt and is not retryable (issue 19,
+item 6)."""
 
 from datetime import timedelta
 
@@ -10,6 +11,7 @@ from django.utils import timezone
 
 from cleanup import outages, registry
 from cleanup.models import Resource
+from cleanup.runner import start_run, tick
 from cleanup.sweep import sweep
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 from tests.test_api_access import api_as
@@ -58,3 +60,20 @@ def test_a_row_waiting_for_its_backend_says_so_in_its_own_field_not_in_its_error
     assert (answer["waiting"]["backend"], answer["waiting"]["reason"]) == ("test", "maintenance")
     assert answer["waiting"]["since"].endswith("Z")
     assert answer["last_error"] == "the orc is in combat", "the row's own error is left as it was"
+
+
+def test_a_step_waiting_for_its_backend_says_so_in_its_own_field_not_in_its_error():
+    registry.register_action(FakeAction())
+    outages.mark_down("test", by="alice", reason="maintenance")
+    run = start_run("held", [{"action": "test.spawn", "params": {"count": 1}}])
+    tick()
+    client = api_as("view_run")
+
+    [step] = client.get(API + f"runs/{run.pk}/").json()["steps"]
+
+    assert step["status"] == "pending" and step["last_error"] == ""
+    assert (step["waiting"]["backend"], step["waiting"]["reason"]) == ("test", "maintenance")
+    outages.mark_up("test", by="alice")
+    tick()
+    [step] = client.get(API + f"runs/{run.pk}/").json()["steps"]
+    assert (step["status"], step["waiting"]) == ("done", None)

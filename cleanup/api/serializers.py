@@ -115,9 +115,21 @@ class ReconcileSerializer(StrictSerializer):
 BACKEND_HELP = "Which of its module's backends it acts on; \"\" for a module's only backend."
 
 
+class WaitingSerializer(serializers.Serializer):
+    """A ledger row waiting for its backend: its own state, never text in ``last_error``."""
+
+    backend = serializers.CharField(help_text='The backend it waits for, as people read it: "sandbox/south".')
+    since = serializers.DateTimeField(allow_null=True, help_text="When the backend went down.")
+    reason = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
+
+
 class StepSerializer(serializers.ModelSerializer):
     action = serializers.CharField(source="action_id")
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
+    waiting = serializers.SerializerMethodField(
+        help_text="While the step waits for its backend to answer again: which backend, since when and why; "
+        "null otherwise (never text in last_error)."
+    )
 
     class Meta:
         model = Step
@@ -132,10 +144,16 @@ class StepSerializer(serializers.ModelSerializer):
             "attempts",
             "last_error",
             "next_attempt_at",
+            "waiting",
             "started_at",
             "finished_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, step):
+        health = outages.step_waits_on(step)
+        return WaitingSerializer(health.waiting()).data if health else None
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -172,14 +190,6 @@ class WaitingListSerializer(serializers.ListSerializer):
         rows = list(data.all() if hasattr(data, "all") else data)
         self.context["waiting"] = outages.waiting_on({(r.module, r.backend) for r in rows}) if rows else {}
         return super().to_representation(rows)
-
-
-class WaitingSerializer(serializers.Serializer):
-    """A ledger row waiting for its backend: its own state, never text in ``last_error``."""
-
-    backend = serializers.CharField(help_text='The backend it waits for, as people read it: "sandbox/south".')
-    since = serializers.DateTimeField(allow_null=True, help_text="When the backend went down.")
-    reason = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
 
 
 class ResourceSerializer(serializers.ModelSerializer):

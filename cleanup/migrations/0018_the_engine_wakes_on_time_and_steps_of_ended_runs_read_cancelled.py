@@ -3,7 +3,9 @@ when staff were really told of a module's change.
 
 A new table of one row (`cleanup.wakeup`). A module change's outbox rows name it, and the
 change keeps when one of them was accepted (`told_at`), so "staff told" is said only then;
-changes told before this keep their claim time in `alerted_at` and no `told_at`. The steps of runs already cancelled or aborted
+changes told before this keep their claim time in `alerted_at` and no `told_at`. A step
+waiting for its backend says so in its own column (`waiting_since`), no longer in its
+`last_error`. The steps of runs already cancelled or aborted
 that never finished (`pending`, or `running` like a wait the cancel cut short) read
 `cancelled` from now on; nothing else changes.
 """
@@ -47,6 +49,11 @@ class Migration(migrations.Migration):
             model_name='alert',
             name='module_event',
             field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='cleanup.moduleevent'),
+        ),
+        migrations.AddField(
+            model_name='step',
+            name='waiting_since',
+            field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.RunPython(cancel_unfinished_steps, migrations.RunPython.noop),
     ]

@@ -114,7 +114,7 @@ def test_a_persons_mark_up_resumes_the_held_step_and_the_waiting_rows_within_sec
     wait_for(
         workers,
         cluster,
-        lambda: Step.objects.filter(pk=step.pk, last_error__startswith="waiting").exists(),
+        lambda: Step.objects.filter(pk=step.pk, waiting_since__isnull=False).exists(),
         60,
         "the cluster to hold the step while rel is down",
     )
