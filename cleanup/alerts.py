@@ -14,11 +14,24 @@ A module's backend going down and coming back are told the same way, once per ch
 rather than once per run it holds up: `notice_modules` claims each `ModuleEvent`
 (``module.down``, ``module.up``) by a conditional UPDATE of its ``alerted_at`` and writes
 its outbox in the same transaction.
+Staff were told only when a mail or webhook was accepted: a change told with no
+destination set (no ``ADMINS``, no ``EVENT_ALERT_WEBHOOK_URL``) has no outbox and says so
+(`nowhere`), and a module change keeps when a message about it was accepted (``told_at``).
+
+A webhook's body is JSON with links to the admin's page and to the API. With
+``EVENT_ALERT_WEBHOOK_SECRET`` set, each delivery is signed: ``X-Eventsite-Delivery`` is
+the message's id (the same on every retry of it), and ``X-Eventsite-Signature`` is
+``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the secret>`` (docs/api.md
+shows how a receiver checks it).
 May import: the models, conf and `logs`; never the pass, which knows nothing of alerts.
 """
 
+import hashlib
+import hmac
+import json
 import logging
 import time
+import uuid
 from datetime import timedelta
 
 import httpx
@@ -122,9 +135,26 @@ def channels():
     return found
 
 
+def nowhere():
+    """No destination is set: a transition is logged, but nobody is told."""
+    return not channels()
+
+
+def _site(path):
+    return (setting("EVENT_SITE_URL") or "").rstrip("/") + path
+
+
 def run_url(run_id):
-    base = (setting("EVENT_SITE_URL") or "").rstrip("/")
-    return base + reverse("admin:cleanup_run_change", args=[run_id])
+    return _site(reverse("admin:cleanup_run_change", args=[run_id]))
+
+
+def run_links(run_id):
+    """Where a person (the admin) and a console (the API) read the run."""
+    return {
+        "admin": run_url(run_id),
+        "api": _site(reverse("events-run", args=[run_id])),
+        "api_resources": _site(reverse("events-run-resources", args=[run_id])),
+    }
 
 
 def describe(run, event):
@@ -147,6 +177,7 @@ def describe(run, event):
             for r in rows
         ],
         "url": run_url(run.pk),
+        "links": run_links(run.pk),
     }
 
 
@@ -170,7 +201,10 @@ def deliver(limit=SENDS_PER_DELIVER):
         error = send(alert)
         mine = Alert.objects.filter(pk=alert_id, claimed_until=until)
         if error is None:
-            sent += mine.update(sent_at=timezone.now(), claimed_until=None, last_error="")
+            accepted = timezone.now()
+            sent += mine.update(sent_at=accepted, claimed_until=None, last_error="")
+            if alert.module_event_id is not None:
+                ModuleEvent.objects.filter(pk=alert.module_event_id, told_at__isnull=True).update(told_at=accepted)
         else:
             wait = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (alert.attempts - 1))
             mine.update(
@@ -187,17 +221,39 @@ def send(alert):
             subject, body = mail_text(alert.payload)
             mail_admins(subject, body, fail_silently=False)
             return None
-        return post_webhook(alert.payload)
+        return post_webhook(alert.payload, delivery_id(alert))
     except Exception as exc:  # a mail server or webhook failure is recorded, not raised
         return f"{type(exc).__name__}: {exc}"
 
 
-def post_webhook(payload):
+# Delivery ids are UUIDs derived from the message itself, so a retry carries the same one.
+DELIVERY_NAMESPACE = uuid.UUID("6f0c7c1e-4b1a-4d2e-9a53-2f1f6a0e9b11")
+
+
+def delivery_id(alert):
+    """The message's delivery id: unique per message, the same on every retry of it."""
+    return str(uuid.uuid5(DELIVERY_NAMESPACE, f"{alert.pk}:{alert.created_at.isoformat()}"))
+
+
+def signature(secret, timestamp, body):
+    """``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>.<body>">``; ``body`` is the bytes sent."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def post_webhook(payload, delivery=None):
     url = setting("EVENT_ALERT_WEBHOOK_URL")
     if not url:
         return "EVENT_ALERT_WEBHOOK_URL is not set"
     timeout = setting("EVENT_ALERT_WEBHOOK_TIMEOUT_S")
-    response = httpx.post(url, json=payload, timeout=timeout, follow_redirects=False)
+    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+    headers = {"Content-Type": "application/json"}
+    if delivery:
+        headers["X-Eventsite-Delivery"] = delivery
+    secret = setting("EVENT_ALERT_WEBHOOK_SECRET")
+    if secret:
+        headers["X-Eventsite-Signature"] = signature(secret, int(time.time()), body)
+    response = httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
     if response.status_code >= 300:
         return f"the webhook answered {response.status_code}"
     return None
@@ -247,15 +303,19 @@ def tell_module(event_id):
         event = ModuleEvent.objects.get(pk=event_id)
         message = describe_module(event)
         Alert.objects.bulk_create(
-            Alert(module=event.module, event=event.kind, channel=channel, payload=message) for channel in channels()
+            Alert(module=event.module, module_event=event, event=event.kind, channel=channel, payload=message)
+            for channel in channels()
         )
     logger.info("module %s: %s", backend_name(event.module, event.backend), event.kind)
     return event.kind
 
 
 def modules_url():
-    base = (setting("EVENT_SITE_URL") or "").rstrip("/")
-    return base + reverse("admin:cleanup_modulehealth_changelist")
+    return _site(reverse("admin:cleanup_modulehealth_changelist"))
+
+
+def module_links():
+    return {"admin": modules_url(), "api": _site(reverse("events-modules"))}
 
 
 def describe_module(event):
@@ -277,6 +337,7 @@ def describe_module(event):
         "down_for_s": detail.get("down_for_s"),
         "unresolved_rows": waiting.count(),
         "url": modules_url(),
+        "links": module_links(),
     }
 
 

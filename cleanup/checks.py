@@ -6,7 +6,7 @@ May import: conf only.
 from django.conf import settings
 from django.core import checks
 
-from .conf import SETTINGS, setting
+from .conf import SETTINGS, WAKE_SLEEP_MAX_S, setting
 
 
 @checks.register(checks.Tags.compatibility)
@@ -78,13 +78,14 @@ def check_q_cluster(app_configs=None, **kwargs):
         )
     tick_s = setting("EVENT_TICK_BUDGET_S")
     call_s = setting("EVENT_DEFAULT_BUDGET_MS") / 1000
-    if isinstance(timeout, int) and isinstance(tick_s, int) and tick_s + call_s >= timeout:
+    if isinstance(timeout, int) and isinstance(tick_s, int) and WAKE_SLEEP_MAX_S + tick_s + call_s >= timeout:
         errors.append(
             checks.Error(
-                f"EVENT_TICK_BUDGET_S={tick_s!r} plus one module call ({call_s:g} s) is not below "
-                f"Q_CLUSTER timeout={timeout!r}.",
+                f"EVENT_TICK_BUDGET_S={tick_s!r} plus one module call ({call_s:g} s) and the wake-up's "
+                f"sleep ({WAKE_SLEEP_MAX_S} s) is not below Q_CLUSTER timeout={timeout!r}.",
                 hint="A tick stops starting work after its budget, but the call it is in may "
-                "still take its own budget; both must end before django-q2 kills the task.",
+                "still take its own budget, and the engine's wake task sleeps before it ticks; "
+                "all must end before django-q2 kills the task.",
                 id="cleanup.E014",
             )
         )

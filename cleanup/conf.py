@@ -43,6 +43,9 @@ class Setting:
 
 
 DAY_S = 86_400
+# The longest the engine's wake task sleeps, holding a worker, before it ticks
+# (`cleanup.wakeup`): a constant, not a setting; `cleanup.checks` counts it in a task's time.
+WAKE_SLEEP_MAX_S = 40
 
 SETTINGS = (
     # The cleanup pass. The database CHECK on Resource.revert_attempts is written with the
@@ -127,6 +130,14 @@ SETTINGS = (
     # Telling staff (cleanup.alerts).
     Setting(
         "EVENT_ALERT_WEBHOOK_URL", "", None, None, "where alerts are POSTed as JSON (none are when empty)", kind=URL
+    ),
+    Setting(
+        "EVENT_ALERT_WEBHOOK_SECRET",
+        "",
+        None,
+        None,
+        "signs each webhook delivery (`X-Eventsite-Signature`, docs/api.md); unsigned when empty",
+        kind=TEXT,
     ),
     Setting(
         "EVENT_ALERT_WEBHOOK_TIMEOUT_S", 3, None, None, "how long a webhook may take before it is tried again later"
@@ -221,4 +232,6 @@ def _shown(default):
 def _accepts(entry):
     if entry.kind == INT and entry.low is not None:
         return f"{entry.low} to {entry.high}"
-    return f"{entry.kind}, empty for none" if entry.kind in (URL, TEXT) else f"{entry.kind} (not checked)"
+    if entry.kind in (URL, TEXT):
+        return f"{entry.kind}, empty for none"
+    return f"{entry.kind} (not checked)"

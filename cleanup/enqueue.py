@@ -19,6 +19,7 @@ CLEANUP_RUN = "cleanup.tasks.cleanup_run_task"
 CLEANUP_RUNS = "cleanup.tasks.cleanup_runs_task"
 RECONCILE = "cleanup.tasks.reconcile_task"
 STARTUP = "cleanup.tasks.startup_task"
+WAKE = "cleanup.tasks.wake_task"
 
 
 def enqueue(func, *args, **kwargs):

@@ -44,6 +44,8 @@ class StepStatus(models.TextChoices):
     RUNNING = "running", "running"
     DONE = "done", "done"
     FAILED = "failed", "failed"
+    # A step of a run that was cancelled or aborted before the step finished.
+    CANCELLED = "cancelled", "cancelled"
 
 
 class ResourceState(models.TextChoices):
@@ -227,6 +229,9 @@ class Step(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # While the step waits for its backend to answer again: since when that backend is down
+    # (its outage's `down_since`); null otherwise. Its own field, never text in last_error.
+    waiting_since = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -586,6 +591,10 @@ class ModuleHealth(models.Model):
         """Is a person's mark-down still holding at ``now``?"""
         return self.held and (self.held_until is None or self.held_until > now)
 
+    def waiting(self):
+        """What work that waits on this backend says, as values: which backend, since when, why."""
+        return {"backend": self.name, "since": self.down_since, "reason": self.last_error}
+
     def waiting_text(self):
         """What a person is shown for work that waits on this backend."""
         since = timezone.localtime(self.down_since).strftime("%H:%M:%S") if self.down_since else "?"
@@ -606,8 +615,11 @@ class ModuleEvent(models.Model):
     kind = models.CharField(max_length=32, choices=ModuleEventKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
-    # Set by the one worker that told staff of this change (cleanup.alerts.tell_module).
+    # Set by the one worker that wrote this change's outbox (cleanup.alerts.tell_module).
     alerted_at = models.DateTimeField(null=True, blank=True)
+    # When a mail or webhook telling staff of it was accepted; null while none was (none
+    # sent yet, or no destination set): only then were staff told.
+    told_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -619,6 +631,18 @@ class ModuleEvent(models.Model):
 
     def __str__(self):
         return f"{self.module} {self.kind}"
+
+
+class Wake(models.Model):
+    """The engine's next wake-up (`cleanup.wakeup`): one row, whose ``at`` says which time a
+    queued wake task already sleeps towards, so that many runs waiting at once hold one
+    worker, not one each. Moved by conditional UPDATEs; ``at`` is cleared by the task that
+    woke for it."""
+
+    at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"wake at {self.at}" if self.at else "no wake armed"
 
 
 class AlertChannel(models.TextChoices):
@@ -636,6 +660,9 @@ class Alert(models.Model):
     # A run's alert names its run; a module's (module.down, module.up) names its module.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts", null=True, blank=True)
     module = models.CharField(max_length=100, blank=True, default="")
+    module_event = models.ForeignKey(
+        "ModuleEvent", on_delete=models.CASCADE, related_name="alerts", null=True, blank=True
+    )
     event = models.CharField(max_length=64)  # the log kind: cleanup.gave_up, cleanup.recovered, module.down, ...
     channel = models.CharField(max_length=16, choices=AlertChannel.choices)
     payload = models.JSONField(default=dict)

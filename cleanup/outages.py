@@ -25,7 +25,9 @@ The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every s
 ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
 changed the row logs the change. Every function takes ``backend=""``: a module with one
 backend passes nothing.
-May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`. Imported by the runner and the pass.
+A backend marked up resumes its work at once: its held steps are due now, and the
+engine's wake-up (`cleanup.wakeup`) ticks now and again as each bucket of the spread falls due.
+May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`, `wakeup`. Imported by the runner and the pass.
 """
 
 import logging
@@ -36,7 +38,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from . import calls, registry
+from . import calls, registry, wakeup
 from .conf import setting
 from .enqueue import queue_reconcile
 from .logs import about
@@ -53,7 +55,11 @@ from .models import (
     ModuleState,
     Resource,
     ResourceState,
+    Run,
     RunLog,
+    RunStatus,
+    Step,
+    StepStatus,
     backend_name,
 )
 
@@ -267,31 +273,75 @@ def mark_up(module, *, by, backend="", now=None):
         )
         down_for = (now - health.down_since).total_seconds() if health.down_since else None
         _log(module, ModuleEventKind.UP, now, backend=backend, by=by, down_for_s=down_for, last_error=health.last_error)
-    spread_waiting(module, now, backend=backend)
+    # The rows deferred to the next probe waited for this: they resume now, not at that probe.
+    spread_waiting(module, now, backend=backend, deferred_until=health.next_probe_at)
+    resume_steps(module, now, backend=backend)
+    wakeup.arm(now)  # a tick now; it arms the next bucket of the spread
     logger.warning("%s marked up by %s", backend_name(module, backend), by, extra=about(module=module, backend=backend))
     return True
+
+
+def resume_steps(module, now, backend=""):
+    """The steps of running runs held by a backend that is up again are due now, and so
+    are their runs. Answers how many steps resumed."""
+    actions = [a.id for a in registry.actions().values() if a.module == module]
+    leases = [lease.id for lease in registry.leases().values() if lease.module == module]
+    held = Step.objects.filter(
+        Q(action_id__in=actions) | Q(action_id="core.lease", params__lease__in=leases),
+        run__status=RunStatus.RUNNING,
+        backend=backend,
+        status=StepStatus.PENDING,
+        next_attempt_at__gt=now,
+        waiting_since__isnull=False,
+    )
+    run_ids = list(held.values_list("run_id", flat=True).distinct())
+    if not run_ids:
+        return 0
+    resumed = held.update(next_attempt_at=now)
+    Run.objects.filter(pk__in=run_ids, status=RunStatus.RUNNING, wake_at__gt=now).update(wake_at=now)
+    return resumed
+
+
+def step_module(step):
+    """The module a step calls, or None (a built-in wait, an unregistered action)."""
+    if step.action_id == "core.lease":
+        entry = registry.get_lease((step.params or {}).get("lease"))
+    else:
+        entry = registry.get_action(step.action_id)
+    return getattr(entry, "module", None)
+
+
+def step_waits_on(step, now=None):
+    """The `ModuleHealth` of the backend a step of a running run waits for, or None."""
+    if step.waiting_since is None or step.status != StepStatus.PENDING:
+        return None
+    return outage_of(step_module(step), now, backend=step.backend)
 
 
 def _waiting(module, backend):
     return Resource.objects.filter(module=module, backend=backend, state__in=CLAIMABLE, retryable=True)
 
 
-def spread_waiting(module, now, backend=""):
+def spread_waiting(module, now, backend="", deferred_until=None):
     """Let a backend's waiting rows be claimed from now on, a bucket at a time.
 
     Rows are bucketed by their group (a step's rows by the step), so one step's rows
     resume together and are given back by one call. Rows whose own backoff ends later
-    keep it.
+    keep it; rows the outage deferred (`defer_waiting`: to the probe due at
+    ``deferred_until``, or before) do not wait for that probe any more.
     """
     spread = setting("EVENT_OUTAGE_SPREAD_S")
     waiting = _waiting(module, backend).alias(group=Coalesce("step_id", "id"))
     moved = 0
     for bucket in range(SPREAD_BUCKETS):
         at = now + timedelta(seconds=spread * bucket / SPREAD_BUCKETS)
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at)
+        if deferred_until is not None:
+            due |= Q(next_attempt_at__lte=deferred_until)
         moved += (
             waiting.alias(bucket=Mod("group", SPREAD_BUCKETS))
             .filter(bucket=bucket)
-            .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at))
+            .filter(due)
             .update(next_attempt_at=at)
         )
     return moved
@@ -318,6 +368,14 @@ def waiting_reasons(keys):
     modules = {module for module, _backend in pairs}
     down = ModuleHealth.objects.down().filter(module__in=modules)
     return {pairs[(h.module, h.backend)]: h.waiting_text() for h in down if (h.module, h.backend) in pairs}
+
+
+def waiting_on(keys):
+    """``{key: ModuleHealth}`` for those of ``keys`` (``(module, backend)`` pairs) that are
+    down now; one query, for a whole page of rows."""
+    pairs = {tuple(k) for k in keys}
+    down = ModuleHealth.objects.down().filter(module__in={module for module, _backend in pairs})
+    return {(h.module, h.backend): h for h in down if (h.module, h.backend) in pairs}
 
 
 def take_probe(module, now=None, backend=""):

@@ -12,8 +12,11 @@ One ticker at a time advances a run: it claims the run with a conditional UPDATE
 and expiry, like the ledger's claims), and each step's attempt is taken with another,
 so two tickers never perform one step at once, and a ticker that died mid-step leaves a
 claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
+Whenever a run is left to wake at a known time (a wait, a backoff, a down backend), the
+runner arms the engine's wake-up for it (`cleanup.wakeup`), and every tick ends by arming
+the next one, so waits end on time rather than at the minute tick.
 May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `calls`, `registry`,
-`validation`, `enqueue`, the models and conf; never a surface.
+`validation`, `enqueue`, `wakeup`, the models and conf; never a surface.
 """
 
 import logging
@@ -27,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, outages, registry, validation
+from . import calls, ledger, outages, registry, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
 from .logs import about, log_context
@@ -279,6 +282,11 @@ def _end(run_id, status, kind, auto_cleanup=True, **detail):
         )
         if not won:
             return False
+        if status != RunStatus.COMPLETED:
+            # Steps that never finished will not: they read `cancelled`, not `running`.
+            Step.objects.filter(run_id=run_id, status__in=(StepStatus.PENDING, StepStatus.RUNNING)).update(
+                status=StepStatus.CANCELLED, finished_at=now, next_attempt_at=None, waiting_since=None
+            )
         RunLog.write(run_id, kind, **detail)
     run = Run.objects.get(pk=run_id)
     refresh_cleanup_status(run)
@@ -417,25 +425,24 @@ def advance_run(run_id, deadline=None):
             break
     finally:
         claim.release(wake_at=wake_at)
+    if wake_at is not None and wake_at > timezone.now():
+        wakeup.arm(wake_at)  # on time, not at the next minute tick
     return performed
 
 
 def _module_of(step):
     """The module a step calls, or None (a built-in wait, an unregistered action)."""
-    if step.action_id == LEASE:
-        entry = registry.get_lease((step.params or {}).get("lease"))
-    else:
-        entry = registry.get_action(step.action_id)
-    return getattr(entry, "module", None)
+    return outages.step_module(step)
 
 
 def _wait_for_module(step, until):
     """Hold the step while its module is down; say why once per outage. Answers ``until``."""
     health = outages.outage_of(_module_of(step), backend=step.backend)
     reason = health.waiting_text() if health else "waiting for its module to answer again"
-    this_outage = reason.split(" (", 1)[0]  # the module and since when, not the latest error
-    first = Step.objects.filter(pk=step.pk).exclude(last_error__startswith=this_outage).exists()
-    Step.objects.filter(pk=step.pk).update(last_error=reason, next_attempt_at=until)
+    since = health.down_since if health and health.down_since else timezone.now()
+    # Its own field, never text in last_error, which keeps the step's own last error.
+    first = Step.objects.filter(pk=step.pk).filter(Q(waiting_since__isnull=True) | ~Q(waiting_since=since)).exists()
+    Step.objects.filter(pk=step.pk).update(waiting_since=since, next_attempt_at=until)
     if first:
         RunLog.write(
             step.run_id,
@@ -477,7 +484,9 @@ def _perform(step):
     now = timezone.now()
     taken = Step.objects.filter(
         pk=step.pk, status__in=(StepStatus.PENDING, StepStatus.RUNNING), attempts=step.attempts
-    ).update(status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None)
+    ).update(
+        status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None, waiting_since=None
+    )
     if not taken:
         return timezone.now()  # another ticker moved this step: look again
     step.refresh_from_db()
@@ -566,7 +575,11 @@ def _record_outcome(step, performed):
     run = Run.objects.get(pk=step.run_id)
     ours = Step.objects.filter(pk=step.pk, status=StepStatus.RUNNING, attempts=step.attempts)
     if performed.ok:
-        if not ours.update(status=StepStatus.DONE, finished_at=now, last_error=""):
+        # A step whose run was cancelled while it performed did finish: it reads `done`.
+        finished = Step.objects.filter(
+            pk=step.pk, status__in=(StepStatus.RUNNING, StepStatus.CANCELLED), attempts=step.attempts
+        )
+        if not finished.update(status=StepStatus.DONE, finished_at=now, last_error=""):
             return now
         RunLog.write(
             step.run_id,
@@ -598,6 +611,19 @@ def _record_outcome(step, performed):
         next_attempt_at=retry_at,
         finished_at=now if last else None,
     ):
+        # The run ended while this step performed: the step stays `cancelled`, with its error.
+        if Step.objects.filter(pk=step.pk, status=StepStatus.CANCELLED, attempts=step.attempts).update(
+            last_error=performed.error
+        ):
+            RunLog.write(
+                step.run_id,
+                LogKind.STEP_FAILED,
+                position=step.position,
+                action=step.action_id,
+                attempt=step.attempts,
+                error=performed.error,
+                retrying=False,
+            )
         return now
     RunLog.write(
         step.run_id,
@@ -666,4 +692,6 @@ def tick(by="tick"):
     IdempotencyKey.objects.prune()
     if result.work_left:
         queue_tick()
+    else:
+        wakeup.arm_next()  # the next wait, backoff or resume that falls due, on time
     return result

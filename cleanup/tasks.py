@@ -59,6 +59,17 @@ def tick_task():
 
 
 @task
+def wake_task(at=None):
+    """The engine's wake-up (`cleanup.wakeup`): sleep until ``at``, then tick, which arms the next."""
+    from .wakeup import hold, sleep_until, woke
+
+    hold(at)
+    sleep_until(at)
+    woke(at)
+    return tick_task()
+
+
+@task
 def sweep_task():
     from datetime import timedelta
 
@@ -71,6 +82,8 @@ def sweep_task():
     result = sweep(by="queue", deadline=timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S")), ahead=ahead)
     if result.work_left:
         ahead()
+    else:
+        wake_when_due()
     notice_staff()
     return result.line()
 
@@ -94,6 +107,8 @@ def _cleanup_run(run, actor):
     summary = cleanup_run(run, by=actor or "queue", ahead=ahead)
     if summary.work_left:
         ahead()
+    else:
+        wake_when_due()  # a row's backoff ends on time, not at the minute tick
     notice_staff()
     return f"run {run_id}: attempted {summary.attempted}, remaining {summary.remaining}"
 
@@ -106,6 +121,16 @@ def cleanup_runs_task(run_ids, actor=None):
     done = clean_in_turn(run_ids, actor)
     notice_staff()
     return f"cleaned {done} run(s) in turn"
+
+
+def wake_when_due():
+    """Arm the engine's wake-up for the next work that falls due (`cleanup.wakeup`); never fails the task."""
+    from .wakeup import arm_next
+
+    try:
+        arm_next()
+    except Exception:
+        logger.exception("could not arm the next wake-up; the minute tick is the backstop")
 
 
 def notice_staff():

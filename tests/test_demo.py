@@ -4,10 +4,12 @@ stops them all; its story shows a shard's outage holding only its own work."""
 import os
 import re
 import socket
+import subprocess
 import time
 
 import httpx
 import pytest
+from django.conf import settings
 
 from tests.demo import Demo
 
@@ -51,6 +53,16 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
         assert len(boots) == 2, "two shards, each with its own boot"
         assert re.search(r"user demo\s+password \S{8,}", ready), ready
         assert f"shards: north {demo.shards['north']}, south {demo.shards['south']}" in "".join(demo.lines)
+        # The by-hand command it prints acts on this demo, wherever its ports and database are.
+        command = demo.read_until("a token for the API:", 10).split("a token for the API:", 1)[1].strip()
+        assert f"SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in command
+        made = subprocess.run(command, shell=True, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        token = re.search(r"Generated token (\S+)", made.stdout)[1]
+        runs = httpx.get(f"{demo.url}/api/events/runs/", headers={"Authorization": f"Token {token}"}, timeout=5)
+        assert runs.status_code == 200, "the printed command made its token in another database"
+        env_file = (tmp_path / "demo-env.sh").read_text()
+        assert f"export SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in env_file
     finally:
         rest = demo.stop()
 
@@ -93,3 +105,7 @@ def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
     assert patrol, told
     assert "north's orc-camp rate back to 1.0" in told
     assert re.search(r"run \d+ waits for a person", told)
+    # Staff were told, by the demo's own webhook, signed: the wolf hunt that gave up, south's outage.
+    assert "alert sent to staff (webhook, signature checked): cleanup.gave_up, run" in told
+    assert "alert sent to staff (webhook, signature checked): module.down, sandbox/south" in told
+    assert re.search(r"by hand: env -u DATABASE_URL .*SANDBOX_SHARDS=\S+ .*manage.py cleanup_run \d+ --reset", told)

@@ -38,7 +38,21 @@ def test_cancel_with_cleanup_gives_back_at_once(world, django_capture_on_commit_
     assert world == {}
     assert run.log.get(kind="run.cancelled").detail == {"by": "gm-ann", "cleanup": True}
     tick()
-    assert run.steps.get(position=2).status == StepStatus.PENDING, "a cancelled run went on"
+    after = run.steps.get(position=2)
+    assert (after.status, after.attempts) == (StepStatus.CANCELLED, 0), "a cancelled run went on"
+
+
+def test_the_steps_a_cancelled_run_never_finished_read_cancelled_and_its_done_steps_stay_done(world):
+    run = started(world)
+    wait = run.steps.get(position=1)
+    assert wait.status == StepStatus.RUNNING, "the wait holds the run"
+
+    cancel_run(run.pk, actor="gm-ann")
+
+    statuses = dict(run.steps.values_list("position", "status"))
+    assert statuses == {0: StepStatus.DONE, 1: StepStatus.CANCELLED, 2: StepStatus.CANCELLED}
+    wait.refresh_from_db()
+    assert wait.finished_at is not None
 
 
 def test_cancel_without_cleanup_leaves_the_rows_for_a_person(world, django_capture_on_commit_callbacks):
@@ -150,7 +164,9 @@ def test_a_step_performing_while_its_run_is_cancelled_still_ledgers_and_gives_ba
 
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
-    assert run.steps.get(position=1).status == StepStatus.PENDING
+    # The step that performed while the run was cancelled finished: done, not cancelled.
+    assert run.steps.get(position=0).status == StepStatus.DONE
+    assert run.steps.get(position=1).status == StepStatus.CANCELLED
     rows = Resource.objects.filter(run=run).exclude(kind="step")
     assert rows.count() == 2, "what the step made was not ledgered"
     assert set(rows.values_list("state", flat=True)) == {"reverted"}

@@ -8,7 +8,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from cleanup import outages, registry
-from cleanup.models import ModuleEvent, RunStatus, Step
+from cleanup.models import ModuleEvent, ModuleHealth, RunStatus, Step
 from cleanup.runner import advance, start_run
 from tests.fakes import FakeAction, Scripted
 
@@ -42,7 +42,9 @@ def test_a_step_whose_module_goes_down_waits_and_completes_once_it_is_back():
         advance()  # attempt 2: the second such answer marks the module down; not counted
         step = Step.objects.get(run=run)
         assert (step.status, step.attempts) == ("pending", 1)
-        assert step.last_error.startswith("waiting: test is down since")
+        down = ModuleHealth.objects.get(module="test")
+        assert step.waiting_since == down.down_since, "the step does not say it waits"
+        assert not step.last_error.startswith("waiting"), "waiting is its own field, not text in last_error"
         for _ in range(10):  # ticks while it is down and before the probe is due
             clock.shift(timedelta(seconds=1))
             advance()
@@ -74,7 +76,8 @@ def test_a_step_of_a_module_marked_down_by_a_person_is_not_performed():
     assert perform.calls == []
     step = Step.objects.get(run=run)
     assert (step.status, step.attempts) == ("pending", 0)
-    assert "(shard maintenance)" in step.last_error
+    assert step.waiting_since is not None and step.last_error == ""
+    assert "(shard maintenance)" in run.log.get(kind="step.waiting").detail["reason"]
 
 
 def test_a_step_still_fails_for_its_own_reasons_while_its_module_answers():

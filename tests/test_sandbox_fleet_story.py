@@ -95,7 +95,7 @@ def test_one_shard_down_holds_only_its_own_rows_and_steps_and_spends_no_attempt(
         assert len(creatures(south)) == 3
         waiting = Step.objects.get(run=late_north, position=0)
         assert waiting.status == "pending" and waiting.attempts == 0
-        assert waiting.last_error.startswith("waiting: sandbox/north is down since")
+        assert waiting.waiting_since == ModuleHealth.objects.get(module="sandbox", backend="north").down_since
         assert not rows(late_north).exists()
 
         north.delete("/faults")

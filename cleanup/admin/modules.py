@@ -14,6 +14,7 @@ backend's name), registry, validation, models and `.lists`; nothing imports it b
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.http import HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
@@ -297,6 +298,14 @@ class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):
         text = detail.get("error") or detail.get("last_error") or ""
         return truncatechars(text, ERROR_CHARS) if text else "-"
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(outbox=Count("alerts"))
+
     @admin.display(description="staff told")
     def alerted(self, obj):
-        return when(obj.alerted_at) if obj.alerted_at else "-"
+        """Told only once a mail or webhook about it was accepted (`cleanup.alerts`)."""
+        if obj.told_at:
+            return when(obj.told_at)
+        if obj.alerted_at and not getattr(obj, "outbox", obj.alerts.count()):
+            return "not told: no alert destination was set"
+        return "not yet sent" if obj.alerted_at else "-"

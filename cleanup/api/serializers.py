@@ -9,7 +9,18 @@ from rest_framework import serializers
 
 from .. import outages, validation
 from ..conf import max_revert_attempts
-from ..models import CleanupStatus, ModuleEvent, ModuleState, Resource, ResourceState, Run, RunLog, RunStatus, Step
+from ..models import (
+    OWING,
+    CleanupStatus,
+    ModuleEvent,
+    ModuleState,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+    RunStatus,
+    Step,
+)
 from ..plan import NEXT_CODES
 from .errors import CODE_CHOICES
 
@@ -191,10 +202,22 @@ class ReconcileSerializer(StrictSerializer):
 BACKEND_HELP = "Which of its module's backends it acts on; \"\" for a module's only backend."
 
 
+class WaitingSerializer(serializers.Serializer):
+    """A ledger row waiting for its backend: its own state, never text in ``last_error``."""
+
+    backend = serializers.CharField(help_text='The backend it waits for, as people read it: "sandbox/south".')
+    since = serializers.DateTimeField(allow_null=True, help_text="When the backend went down.")
+    reason = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
+
+
 class StepSerializer(serializers.ModelSerializer):
     action = serializers.CharField(source="action_id")
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     params = JsonObjectField(read_only=True, help_text="The action's parameters, as the run was started with.")
+    waiting = serializers.SerializerMethodField(
+        help_text="While the step waits for its backend to answer again: which backend, since when and why; "
+        "null otherwise (never text in last_error)."
+    )
 
     class Meta:
         model = Step
@@ -209,10 +232,16 @@ class StepSerializer(serializers.ModelSerializer):
             "attempts",
             "last_error",
             "next_attempt_at",
+            "waiting",
             "started_at",
             "finished_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, step):
+        health = outages.step_waits_on(step)
+        return WaitingSerializer(health.waiting()).data if health else None
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -247,7 +276,7 @@ class WaitingListSerializer(serializers.ListSerializer):
 
     def to_representation(self, data):
         rows = list(data.all() if hasattr(data, "all") else data)
-        self.context["waiting"] = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+        self.context["waiting"] = outages.waiting_on({(r.module, r.backend) for r in rows}) if rows else {}
         return super().to_representation(rows)
 
 
@@ -255,8 +284,15 @@ class ResourceSerializer(serializers.ModelSerializer):
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     payload = JsonObjectField(read_only=True, help_text="What the module answered of it (a lease: baseline, applied).")
     waiting = serializers.SerializerMethodField(
-        help_text='Why the sweep does not try the row now: "waiting: <module>[/<backend>] is down since <time> '
-        '(<error>)"; null unless its own backend is down.'
+        help_text="While its own backend is down and the sweep would otherwise try it: which backend, since when "
+        "and why; null otherwise."
+    )
+    retryable = serializers.SerializerMethodField(
+        help_text="Whether the automatic sweep will try it again: false once it has no attempt left, is "
+        "terminal, or resolved."
+    )
+    next_attempt_at = serializers.SerializerMethodField(
+        help_text="When the sweep tries it next; null when it will not (no attempt left, resolved, not retryable)."
     )
 
     class Meta:
@@ -289,14 +325,29 @@ class ResourceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
         list_serializer_class = WaitingListSerializer
 
-    @extend_schema_field(NULLABLE_TEXT)
+    @extend_schema_field(WaitingSerializer(allow_null=True))
     def get_waiting(self, row):
         key = (row.module, row.backend)
-        reasons = self.context.get("waiting")
-        if reasons is None:
-            reasons = outages.waiting_reasons([key])
-        reason = reasons.get(key)
-        return reason if reason and outages.row_waits(row, max_revert_attempts()) else None
+        down = self.context.get("waiting")
+        if down is None:
+            down = outages.waiting_on([key])
+        health = down.get(key)
+        if health is None or not outages.row_waits(row, max_revert_attempts()):
+            return None
+        return WaitingSerializer(health.waiting()).data
+
+    def _tried_again(self, row):
+        return row.retryable and row.state in OWING and row.revert_attempts < max_revert_attempts()
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_retryable(self, row):
+        return self._tried_again(row)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_next_attempt_at(self, row):
+        if row.next_attempt_at is None or not self._tried_again(row):
+            return None
+        return serializers.DateTimeField().to_representation(row.next_attempt_at)
 
 
 class BackendHealthSerializer(serializers.Serializer):
@@ -340,7 +391,11 @@ class ModuleEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ModuleEvent
-        fields = ["id", "module", "backend", "kind", "detail", "at", "alerted_at"]
+        fields = ["id", "module", "backend", "kind", "detail", "at", "alerted_at", "told_at"]
+        extra_kwargs = {
+            "alerted_at": {"help_text": "When its alert was written to the outbox (or found nowhere to go)."},
+            "told_at": {"help_text": "When a mail or webhook telling staff of it was accepted; null until then."},
+        }
         read_only_fields = fields
 
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0014_idempotency_keys_and_who_started_a_run'),
+        ('cleanup', '0018_the_engine_wakes_on_time_and_steps_of_ended_runs_read_cancelled'),
     ]
 
     operations = [

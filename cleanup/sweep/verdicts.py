@@ -254,7 +254,10 @@ def not_given_back(what, row, verdict):
 
 
 def _retry_at(row, now):
-    """A retryable failure waits out a backoff that doubles with each attempt."""
+    """A retryable failure waits out a backoff that doubles with each attempt; a row with
+    no attempt left waits for nothing (a person's retry clears the counter)."""
+    if row.revert_attempts >= max_revert_attempts():
+        return None
     seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, row.revert_attempts - 1)
     return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
 

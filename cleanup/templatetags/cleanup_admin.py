@@ -1,6 +1,7 @@
-"""Template tags of the cleanup admin: the "needs attention" block of the admin index.
+"""Template tags of the cleanup admin: the "needs attention" block of the admin index, and
+the warning that alerts go nowhere.
 
-May import: `cleanup.admin.lists` (the counts it shows).
+May import: `cleanup.admin.lists` (the counts it shows), `cleanup.alerts` (where alerts go).
 """
 
 from django import template
@@ -24,3 +25,11 @@ def needs_attention(context):
     if "oldest" in counts:
         links["oldest"] = reverse("admin:cleanup_resource_change", args=[counts["oldest"]["id"]])
     return {"counts": counts, "links": links}
+
+
+@register.inclusion_tag("admin/cleanup/alerts_nowhere.html")
+def alerts_nowhere():
+    """Says so when no alert destination is set: staff would never be told anything."""
+    from ..alerts import nowhere
+
+    return {"nowhere": nowhere()}
