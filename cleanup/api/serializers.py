@@ -301,7 +301,11 @@ class PlanLeaseSerializer(serializers.Serializer):
     baseline = serializers.JSONField(help_text="The value before the lease, to be restored.")
     applied = serializers.JSONField(help_text="The value this run applied.")
     hand_down_to = serializers.DictField(allow_null=True, help_text="The newer lease that inherits the baseline.")
-    live = serializers.DictField(required=False, help_text='With ?live=1: {"value"} read now, or {"error"}.')
+    live = serializers.DictField(
+        required=False,
+        help_text='With ?live=1: {"value"} read now, {"error"} when the read failed, or {"unread"} saying why it '
+        "was not read (past EVENT_LIVE_READS_PER_REQUEST, or EVENT_LIVE_READ_BUDGET_S ran out).",
+    )
 
 
 class PlanRowSerializer(serializers.Serializer):
@@ -328,6 +332,11 @@ class PlanGroupSerializer(serializers.Serializer):
 class CleanupPlanSerializer(serializers.Serializer):
     run = serializers.IntegerField()
     groups = PlanGroupSerializer(many=True)
+    unread = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="With ?live=1: the ids of the lease rows whose live value was not read in this request.",
+    )
 
 
 class RunCountsSerializer(serializers.Serializer):

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from ..calls import MAX_BACKEND, backend_name_ok
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
-from ..plan import cleanup_plan
+from ..plan import cleanup_plan, unread_ids
 from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
@@ -265,7 +265,11 @@ class RunCleanupView(EventsAPI, APIView):
     summary="What the next cleanup pass would do, without doing it",
     parameters=[
         OpenApiParameter(
-            "live", str, enum=["1", "true"], description="Also read each leased target's live value through its lease."
+            "live",
+            str,
+            enum=["1", "true"],
+            description="Also read each leased target's live value through its lease: at most "
+            "EVENT_LIVE_READS_PER_REQUEST values, within EVENT_LIVE_READ_BUDGET_S; `unread` lists the others.",
         )
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
@@ -279,7 +283,9 @@ class RunCleanupPlanView(EventsAPI, APIView):
     def get(self, request, pk):
         run = get_object_or_404(Run, pk=pk)
         live = request.query_params.get("live") in ("1", "true")
-        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
+        plan = cleanup_plan(run, live=live)
+        answer = {"run": run.pk, "groups": plan, **({"unread": unread_ids(plan)} if live else {})}
+        return Response(s.CleanupPlanSerializer(answer).data)
 
 
 @extend_schema(
