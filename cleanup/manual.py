@@ -34,6 +34,7 @@ def request_cleanup(run, actor):
 
     A run still in flight, or one that owes nothing, is refused and nothing changes.
     """
+    validation.check_actor(actor)
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
     cleared = run.reset_for_person(actor)
@@ -48,6 +49,7 @@ def request_cleanups(runs, actor):
     the one task works the runs in turn, ``RETRY_GAP_S`` apart (see `clean_in_turn`).
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
+    validation.check_actor(actor)
     accepted, refused = [], []
     for run in runs:
         try:
@@ -84,7 +86,9 @@ def waive(rows, reason, actor):
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("a waiver needs a reason")
-    problems = {name: validation.text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))}
+    problems = {
+        name: validation.clean_text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))
+    }
     if any(problems.values()):
         raise validation.Invalid({name: problem for name, problem in problems.items() if problem})
     now = timezone.now()

@@ -25,7 +25,7 @@ The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every s
 ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
 changed the row logs the change. Every function takes ``backend=""``: a module with one
 backend passes nothing.
-May import: the models, conf, `calls`, `registry`, `enqueue`. Imported by the runner and the pass.
+May import: the models, conf, `calls`, `registry`, `enqueue`, `validation`. Imported by the runner and the pass.
 """
 
 import logging
@@ -36,7 +36,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from . import calls, registry
+from . import calls, registry, validation
 from .conf import setting
 from .enqueue import queue_reconcile
 from .models import (
@@ -206,7 +206,11 @@ def mark_down(module, *, by, backend="", reason="", until=None, now=None):
 
     It holds (a maintenance window): no probe, canary or answer marks the backend up, only a
     person does, or the time ``until`` when given. Probes still look and say what they saw.
+    The reason and who are clean text (`validation.Invalid` names the field otherwise).
     """
+    validation.check_actor(by, "by")
+    if reason and (problem := validation.clean_text_problem(reason)):
+        raise validation.Invalid({"reason": problem})
     now = now or timezone.now()
     _health(module, backend)
     with transaction.atomic():

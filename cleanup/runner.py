@@ -170,7 +170,7 @@ def _step_errors(step, where):
     params = {} if params is None else params
     if not isinstance(params, dict):
         return {**errors, f"{where}.params": f"params must be an object, not {validation.json_type(params)}"}
-    problem = validation.json_problem(params, f"{where}.params")
+    problem = validation.json_problem(params, f"{where}.params", clean=True)
     if problem is None and (message := validation.params_error(params)):
         problem = (f"{where}.params", message)
     if problem:
@@ -198,6 +198,7 @@ def _backend_of(action_id, params):
 
 def start_run(name, steps, actor=None):
     """Validate and store a run, then queue a tick so it starts at once."""
+    validation.check_actor(actor)
     cleaned = validate_spec(name, steps)
     with transaction.atomic():
         run = Run.objects.create(name=name.strip(), wake_at=timezone.now())
@@ -239,6 +240,7 @@ def _end(run_id, status, kind, auto_cleanup=True, **detail):
 
 def cancel_run(run_id, cleanup=True, actor=None):
     """Cancel a running run. With ``cleanup=False`` its rows wait for a person (rule 7)."""
+    validation.check_actor(actor)
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         raise Run.DoesNotExist(f"there is no run {run_id}")
