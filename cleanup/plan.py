@@ -16,6 +16,7 @@ the budget and none makes more reads than the cap.
 May import: the models, conf, `calls`, `registry`. Reads only.
 """
 
+import bisect
 import threading
 import time
 from collections import Counter
@@ -122,18 +123,15 @@ def _newer_leases(run, lease_rows):
         .values_list("id", "ref", "backend", "run_id", "payload")
         if not (isinstance(payload, dict) and payload.get("confirmed") is False)
     ]
+    by_target = {}
+    for pk, ref, backend, run_id in others:  # in id order: each target's list is sorted
+        by_target.setdefault((ref, backend), []).append((pk, run_id))
     heirs = {}
     for row in lease_rows:
-        heir = next(
-            (
-                (pk, run_id)
-                for pk, ref, backend, run_id in others
-                if (ref, backend) == (row.ref, row.backend) and pk > row.pk
-            ),
-            None,
-        )
-        if heir is not None:
-            heirs[row.pk] = {"resource": heir[0], "run": heir[1]}
+        newer = by_target.get((row.ref, row.backend), ())
+        at = bisect.bisect_right(newer, (row.pk, float("inf")))
+        if at < len(newer):
+            heirs[row.pk] = {"resource": newer[at][0], "run": newer[at][1]}
     return heirs
 
 
