@@ -23,7 +23,12 @@ A webhook's body is JSON with links to the admin's page and to the API. With
 the message's id (the same on every retry of it), and ``X-Eventsite-Signature`` is
 ``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the secret>`` (docs/api.md
 shows how a receiver checks it).
-May import: the models, conf and `logs`; never the pass, which knows nothing of alerts.
+
+Stored text (a run's name, a ref, an error, a reason, who) reaches a mail or a webhook only
+through `validation.one_line`, in the message as it is queued and again as a mail is
+written: a CR/LF or a bidirectional control stored before names were checked, or
+answered by a module, adds no header and no line, and reads as the escape it is.
+May import: the models, conf, `logs` and `validation`; never the pass, which knows nothing of alerts.
 """
 
 import hashlib
@@ -60,6 +65,7 @@ from .models import (
     RunLog,
     backend_name,
 )
+from .validation import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -163,16 +169,16 @@ def describe(run, event):
     rows = unresolved.order_by("id")[:ROWS_PER_MESSAGE]
     return {
         "event": event,
-        "run": {"id": run.pk, "name": run.name, "status": run.status, "cleanup_status": run.cleanup_status},
+        "run": {"id": run.pk, "name": one_line(run.name), "status": run.status, "cleanup_status": run.cleanup_status},
         "unresolved_count": unresolved.count(),
         "unresolved": [
             {
                 "id": r.pk,
-                "kind": r.kind,
-                "ref": r.ref,
+                "kind": one_line(r.kind),
+                "ref": one_line(r.ref),
                 "state": r.state,
                 "attempts": r.revert_attempts,
-                "last_error": r.last_error,
+                "last_error": one_line(r.last_error),
             }
             for r in rows
         ],
@@ -263,17 +269,18 @@ def mail_text(message):
     if message["event"] in MODULE_EVENTS:
         return module_mail_text(message)
     run = message["run"]
+    name = one_line(run["name"])
     if message["event"] == GAVE_UP:
-        subject = f'Cleanup of run #{run["id"]} "{run["name"]}" gave up: {message["unresolved_count"]} row(s) left'
+        subject = f'Cleanup of run #{run["id"]} "{name}" gave up: {message["unresolved_count"]} row(s) left'
         lead = "The automatic cleanup has stopped trying. These rows were not given back and wait for a person:"
     else:
-        subject = f'Cleanup of run #{run["id"]} "{run["name"]}" is complete'
+        subject = f'Cleanup of run #{run["id"]} "{name}" is complete'
         lead = "Everything the run took is now resolved."
     lines = [lead, ""]
     for row in message["unresolved"]:
         lines.append(
-            f"- {row['kind']}:{row['ref']} ({row['state']}, {row['attempts']} attempt(s)): "
-            f"{row['last_error'] or 'no error recorded'}"
+            f"- {one_line(row['kind'])}:{one_line(row['ref'])} ({row['state']}, {row['attempts']} attempt(s)): "
+            f"{one_line(row['last_error']) or 'no error recorded'}"
         )
     more = message["unresolved_count"] - len(message["unresolved"])
     if more > 0:
@@ -331,8 +338,8 @@ def describe_module(event):
         "backend": event.backend,
         "name": backend_name(event.module, event.backend),
         "at": event.at.isoformat(),
-        "by": detail.get("by", ""),
-        "error": detail.get("error") or detail.get("last_error") or "",
+        "by": one_line(detail.get("by", "")),
+        "error": one_line(detail.get("error") or detail.get("last_error") or ""),
         "down_since": health.down_since.isoformat() if health and health.down_since else None,
         "down_for_s": detail.get("down_for_s"),
         "unresolved_rows": waiting.count(),
@@ -342,20 +349,21 @@ def describe_module(event):
 
 
 def module_mail_text(message):
-    module = message.get("name") or message["module"]
+    module = one_line(message.get("name") or message["module"])
+    by = one_line(message["by"]) or "the engine"
     if message["event"] == MODULE_DOWN:
         subject = f"Module {module} is down: its work waits"
-        error = message["error"] or "no error recorded"
+        error = one_line(message["error"]) or "no error recorded"
         lead = (
-            f"{module} was marked down by {message['by'] or 'the engine'}: {error}."
+            f"{module} was marked down by {by}: {error}."
             " Its rows and steps are not attempted, and spend no attempts, until it answers again."
         )
     else:
         minutes = f" after {round(message['down_for_s'] / 60)} min" if message.get("down_for_s") else ""
         subject = f"Module {module} is up again"
         lead = (
-            f"{module} was marked up by {message['by'] or 'the engine'}{minutes}; its waiting work resumes."
-            f" The last error was: {message['error'] or 'none'}."
+            f"{module} was marked up by {by}{minutes}; its waiting work resumes."
+            f" The last error was: {one_line(message['error']) or 'none'}."
         )
     lines = [
         lead,

@@ -93,6 +93,22 @@ SETTINGS = (
         256,
         "module calls a pass makes at once (a module may declare a lower `max_concurrency`)",
     ),
+    # What one request may ask of the modules (cleanup.plan): live values read for a person.
+    Setting(
+        "EVENT_LIVE_READS_PER_REQUEST",
+        50,
+        1,
+        500,
+        "live values (lease reads) one request makes at most; the others are answered as not read",
+    ),
+    Setting(
+        "EVENT_LIVE_READ_BUDGET_S",
+        3,
+        1,
+        20,
+        "the time all of one request's live reads share; a value not read by then is answered as not read. "
+        "Keep it well below the web server's worker timeout",
+    ),
     # A module's backend that is down.
     Setting("EVENT_OUTAGE_AFTER", 3, 1, 1_000, "answers in a row blaming a module's backend that mark it down"),
     Setting("EVENT_OUTAGE_PROBE_S", 15, 1, 3_600, "how often a down module is probed"),

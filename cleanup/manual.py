@@ -36,6 +36,7 @@ def request_cleanup(run, actor, reset=True):
     is queued now, and the request is logged. A run still in flight, or one that owes
     nothing, is refused and nothing changes. Answers how many rows were reset.
     """
+    validation.check_actor(actor)
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
     if reset:
@@ -54,6 +55,7 @@ def request_cleanups(runs, actor):
     the one task works the runs in turn, ``RETRY_GAP_S`` apart (see `clean_in_turn`).
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
+    validation.check_actor(actor)
     accepted, refused = [], []
     for run in runs:
         try:
@@ -90,7 +92,9 @@ def waive(rows, reason, actor):
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("a waiver needs a reason")
-    problems = {name: validation.text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))}
+    problems = {
+        name: validation.clean_text_problem(value) for name, value in (("reason", reason), ("actor", str(actor)))
+    }
     if any(problems.values()):
         raise validation.Invalid({name: problem for name, problem in problems.items() if problem})
     now = timezone.now()

@@ -24,7 +24,7 @@ from collections import defaultdict
 from django.db.models import Count, Min
 from django.http import HttpResponse
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -46,7 +46,7 @@ def allowed(request):
         return False
 
 
-@require_GET
+@require_safe
 def metrics(request):
     if not allowed(request):
         answer = HttpResponse("forbidden: send Authorization: Bearer <EVENT_METRICS_TOKEN>\n", status=403)

@@ -27,7 +27,8 @@ changed the row logs the change. Every function takes ``backend=""``: a module w
 backend passes nothing.
 A backend marked up resumes its work at once: its held steps are due now, and the
 engine's wake-up (`cleanup.wakeup`) ticks now and again as each bucket of the spread falls due.
-May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`, `wakeup`. Imported by the runner and the pass.
+May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`, `validation`, `wakeup`.
+Imported by the runner and the pass.
 """
 
 import logging
@@ -38,7 +39,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from . import calls, registry, wakeup
+from . import calls, registry, validation, wakeup
 from .conf import setting
 from .enqueue import queue_reconcile
 from .logs import about
@@ -218,7 +219,11 @@ def mark_down(module, *, by, backend="", reason="", until=None, now=None):
 
     It holds (a maintenance window): no probe, canary or answer marks the backend up, only a
     person does, or the time ``until`` when given. Probes still look and say what they saw.
+    The reason and who are clean text (`validation.Invalid` names the field otherwise).
     """
+    validation.check_actor(by, "by")
+    if reason and (problem := validation.clean_text_problem(reason)):
+        raise validation.Invalid({"reason": problem})
     now = now or timezone.now()
     _health(module, backend)
     with transaction.atomic():

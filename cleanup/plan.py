@@ -5,11 +5,24 @@ The plan tells apart the work the next pass will do from the rows waiting for a 
 its target: restored, its baseline handed down to a newer lease (rule 13), or left
 alone because someone else's value is in place. On request it reads the live value of
 each leased target through the lease's ``read``, under the lease's budget.
+
+Live reads are bounded per request, whatever the run's size: at most
+``EVENT_LIVE_READS_PER_REQUEST`` of them, made concurrently (at most
+``EVENT_CALL_CONCURRENCY`` at once to one backend of a module, or the lease's own
+``max_concurrency``), all within ``EVENT_LIVE_READ_BUDGET_S``. A value that was not read
+(past the cap, or the budget ran out first) is answered as ``{"unread": why}``, and the
+plan says which (`unread_ids`), so no request waits on a slow shard for longer than
+the budget and none makes more reads than the cap.
 May import: the models, conf, `calls`, `registry`, `outages` (which backends are down). Reads only.
 """
 
+import bisect
+import threading
+import time
+from collections import Counter
+
 from . import calls, outages, registry
-from .conf import max_revert_attempts
+from .conf import max_revert_attempts, setting
 from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState
 
 # What the next pass does with a group.
@@ -48,12 +61,26 @@ def cleanup_plan(run, *, live=False, max_rows=None):
     plan = []
     for group in _groups(rows):
         verb, problem = _verb(group[0])
-        entries = [_row(r, max_attempts, newer, live) for r in group]
+        entries = [_row(r, max_attempts, newer) for r in group]
         waits = (group[0].module, group[0].backend) in down
         plan.append(
             {"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer, waits), "rows": entries}
         )
+    if live:
+        leased = [(r.pk, r.ref, r.backend) for group in _groups(rows) for r in group if r.kind == LEASE_KIND]
+        values = read_live_many(leased)
+        for group in plan:
+            for entry in group["rows"]:
+                if entry["id"] in values:
+                    entry["lease"]["live"] = values[entry["id"]]
     return plan
+
+
+def unread_ids(plan):
+    """The ids of the plan's lease rows whose live value was asked for and not read."""
+    return [
+        entry["id"] for group in plan for entry in group["rows"] if "unread" in entry.get("lease", {}).get("live", {})
+    ]
 
 
 def _groups(rows):
@@ -114,22 +141,19 @@ def _newer_leases(run, lease_rows):
         .values_list("id", "ref", "backend", "run_id", "payload")
         if not (isinstance(payload, dict) and payload.get("confirmed") is False)
     ]
+    by_target = {}
+    for pk, ref, backend, run_id in others:  # in id order: each target's list is sorted
+        by_target.setdefault((ref, backend), []).append((pk, run_id))
     heirs = {}
     for row in lease_rows:
-        heir = next(
-            (
-                (pk, run_id)
-                for pk, ref, backend, run_id in others
-                if (ref, backend) == (row.ref, row.backend) and pk > row.pk
-            ),
-            None,
-        )
-        if heir is not None:
-            heirs[row.pk] = {"resource": heir[0], "run": heir[1]}
+        newer = by_target.get((row.ref, row.backend), ())
+        at = bisect.bisect_right(newer, (row.pk, float("inf")))
+        if at < len(newer):
+            heirs[row.pk] = {"resource": newer[at][0], "run": newer[at][1]}
     return heirs
 
 
-def _row(r, max_attempts, newer, live):
+def _row(r, max_attempts, newer):
     entry = {
         "id": r.pk,
         "kind": r.kind,
@@ -146,27 +170,117 @@ def _row(r, max_attempts, newer, live):
             "applied": payload.get("applied"),
             "hand_down_to": newer.get(r.pk),
         }
-        if live:
-            entry["lease"]["live"] = read_live(r.ref, r.backend)
     return entry
 
 
 def read_live(ref, backend=""):
     """The value in force on a lease's target now, read through the lease under its budget.
 
-    Answers ``{"value": v}`` or ``{"error": text}``; an answer that is not exactly a
-    success with a value is an error, never a value.
+    Answers ``{"value": v}``, ``{"error": text}`` or ``{"unread": why}``; an answer that
+    is not exactly a success with a value is an error, never a value.
     """
-    lease, target = registry.lease_for_ref(ref)
-    if lease is None:
-        return {"error": f'no module registers the lease "{ref}"'}
-    what = f"{lease.id}.read"
-    answer = calls.call(lease.read, budget_ms=calls.budget_of(lease), what=what, backend=backend, target=target)
+    return read_live_many([(None, ref, backend)])[None]
+
+
+def read_live_many(targets, *, cap=None, budget_s=None):
+    """Read the live values of leased targets concurrently, bounded for one request.
+
+    ``targets`` are ``(key, ref, backend)``; answers ``{key: {"value"} | {"error"} |
+    {"unread"}}``. At most ``cap`` reads are made (``EVENT_LIVE_READS_PER_REQUEST``), the
+    first targets first; every read ends by ``budget_s`` (``EVENT_LIVE_READ_BUDGET_S``)
+    from now, each under the smaller of its lease's budget and the time left. A read cut
+    short by the request's budget, or never started, is ``unread``, not an error: the
+    module was not found wanting, the request ran out of time.
+    """
+    cap = setting("EVENT_LIVE_READS_PER_REQUEST") if cap is None else cap
+    budget_s = setting("EVENT_LIVE_READ_BUDGET_S") if budget_s is None else budget_s
+    deadline = time.monotonic() + budget_s
+    answers, pending = {}, []
+    for key, ref, backend in targets:
+        lease, target = registry.lease_for_ref(ref)
+        if lease is None:
+            answers[key] = {"error": f'no module registers the lease "{ref}"'}
+        elif len(pending) >= cap:
+            answers[key] = {
+                "unread": f"not read: at most {cap} live values are read per request (EVENT_LIVE_READS_PER_REQUEST)"
+            }
+        else:
+            pending.append(_Read(key, lease, target, backend))
+    _LiveReads(pending, deadline, budget_s).run(answers)
+    return answers
+
+
+class _Read:
+    def __init__(self, key, lease, target, backend):
+        self.key, self.lease, self.target, self.backend = key, lease, target, backend
+        self.what = f"{lease.id}.read"
+        self.slot = (lease.module, backend)
+        own = getattr(lease, "max_concurrency", None)
+        limit = setting("EVENT_CALL_CONCURRENCY")
+        self.limit = min(limit, own) if isinstance(own, int) and own > 0 else limit
+
+
+class _LiveReads:
+    """One request's reads in flight: started as the limits allow, landed as they answer."""
+
+    def __init__(self, pending, deadline, budget_s):
+        self.pending, self.deadline, self.budget_s = list(pending), deadline, budget_s
+        self.flying = {}  # _Read -> (future, when its budget ends, cut by the request's deadline)
+        self.per_slot = Counter()
+        self.woken = threading.Event()
+
+    def run(self, answers):
+        while self.pending or self.flying:
+            self.woken.clear()
+            self.start()
+            self.land(answers)
+            if time.monotonic() >= self.deadline:
+                for read in self.pending:
+                    answers[read.key] = {"unread": self._ran_out()}
+                self.pending = []
+            if self.flying:
+                soonest = min(expires for _f, expires, _cut in self.flying.values())
+                self.woken.wait(max(0.0, soonest - time.monotonic()))
+
+    def start(self):
+        for read in list(self.pending):
+            left_ms = int((self.deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return
+            if self.per_slot[read.slot] >= read.limit:
+                continue
+            self.pending.remove(read)
+            self.per_slot[read.slot] += 1
+            own_ms = calls.budget_of(read.lease)
+            budget_ms = min(own_ms, left_ms)
+            future = calls.start(read.lease.read, what=read.what, backend=read.backend, target=read.target)
+            future.add_done_callback(lambda _f: self.woken.set())
+            self.flying[read] = (future, time.monotonic() + budget_ms / 1000, budget_ms < own_ms)
+
+    def land(self, answers):
+        for read, (future, expires, cut) in list(self.flying.items()):
+            if future.done():
+                answers[read.key] = _value_of(read, future.result())
+            elif time.monotonic() >= expires:
+                own_ms = calls.budget_of(read.lease)
+                answers[read.key] = (
+                    {"unread": self._ran_out()} if cut else {"error": f"{read.what} did not answer within {own_ms} ms"}
+                )
+            else:
+                continue
+            del self.flying[read]
+            self.per_slot[read.slot] -= 1
+
+    def _ran_out(self):
+        return f"not read: the request's {self.budget_s} s for live values ran out first (EVENT_LIVE_READ_BUDGET_S)"
+
+
+def _value_of(read, answer):
     raw = answer.raw
     if answer.exception:
         return {"error": answer.exception}
     if not (isinstance(raw, dict) and raw.get("ok") is True and "value" in raw):
-        return {"error": f"{lease.id}.read answered {raw!r:.200}, not a value"}
+        return {"error": f"{read.what} answered {raw!r:.200}, not a value"}
     return {"value": raw["value"]}
 
 

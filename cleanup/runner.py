@@ -216,7 +216,7 @@ def _step_errors(step, where):
     params = {} if params is None else params
     if not isinstance(params, dict):
         return {**errors, f"{where}.params": f"params must be an object, not {validation.json_type(params)}"}
-    problem = validation.json_problem(params, f"{where}.params")
+    problem = validation.json_problem(params, f"{where}.params", clean=True)
     if problem is None and (message := validation.params_error(params)):
         problem = (f"{where}.params", message)
     if problem:
@@ -249,6 +249,7 @@ def start_run(name, steps, actor=None, quota=True):
     ``EVENT_MAX_RUNNING_RUNS_PER_USER`` that ``actor`` started. ``quota=False`` is for the
     bench alone, which measures the engine at sizes past the quotas.
     """
+    validation.check_actor(actor)
     cleaned = validate_spec(name, steps)
     with transaction.atomic():
         if quota:
@@ -297,6 +298,7 @@ def _end(run_id, status, kind, auto_cleanup=True, **detail):
 
 def cancel_run(run_id, cleanup=True, actor=None):
     """Cancel a running run. With ``cleanup=False`` its rows wait for a person (rule 7)."""
+    validation.check_actor(actor)
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         raise Run.DoesNotExist(f"there is no run {run_id}")

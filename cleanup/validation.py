@@ -7,6 +7,15 @@ checked here before anything reaches the database, and a refusal names the field
 about (``steps[3].params.x``), so that PostgreSQL never sees a NUL, a lone surrogate or
 an infinity, and nothing unbounded is stored.
 
+What a person writes is also clean text (`clean_text_problem`): no control character
+(C0 but tab, DEL, C1) and no bidirectional control (embeddings, overrides, isolates, the
+direction marks), since a CR/LF in a run's name would break its alert mails' subject, and
+a right-to-left override in a reason would make a line read as something it is not. The
+engine checks names, reasons, actors and every string of a step's params (`text_error`,
+`json_problem(clean=True)`, `check_actor`), so every door (API, admin, commands) refuses
+them with the field named. Text stored before this, and what modules answer, is shown
+through `one_line`, which writes such characters as escapes.
+
 `json_problem` walks a JSON value without recursion, so a body nested ten thousand levels
 deep is refused like one nested thirty-three, instead of exhausting the stack.
 May import: conf only.
@@ -51,6 +60,53 @@ def field_path(parent, key):
     return f"{parent}[{json.dumps(key)}]"
 
 
+# C0 controls but tab, DEL and the C1 controls.
+CONTROLS = frozenset(chr(c) for c in (*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0)))
+# The bidirectional controls: the marks (LRM, RLM, ALM), embeddings and overrides, isolates.
+BIDI = frozenset(chr(c) for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+_ESCAPES = {"\n": "\\n", "\r": "\\r"}
+
+
+def clean_text_problem(value):
+    """What is wrong with a string a person wrote (a name, a reason, a param), or None.
+
+    As `text_problem`, and no control character but tab and no bidirectional control.
+    """
+    problem = text_problem(value)
+    if problem:
+        return problem
+    for index, char in enumerate(value):
+        if char in CONTROLS:
+            return f"may not contain a control character (U+{ord(char):04X} at {index})"
+        if char in BIDI:
+            return f"may not contain a bidirectional control (U+{ord(char):04X} at {index})"
+    return None
+
+
+def check_actor(actor, field="actor"):
+    """Refuse an actor (who did it, as recorded) that is not clean text; ``None`` passes."""
+    if actor is None:
+        return actor
+    problem = clean_text_problem(str(actor))
+    if problem:
+        raise Invalid({field: problem})
+    if len(str(actor)) > MAX_ACTOR:
+        raise Invalid({field: f"has at most {MAX_ACTOR} characters, got {len(str(actor))}"})
+    return actor
+
+
+def one_line(value):
+    """``value`` as text on one line: every control and bidirectional character written as an
+    escape (``\\n``, ``\\u202e``), so that stored text can add no line or header to a mail or a
+    message, and not read as something it is not."""
+    text = "" if value is None else str(value)
+    if not any(char in CONTROLS or char in BIDI for char in text):
+        return text
+    return "".join(
+        _ESCAPES.get(char, f"\\u{ord(char):04x}") if char in CONTROLS or char in BIDI else char for char in text
+    )
+
+
 def text_problem(value):
     """What is wrong with a string as stored text, or None."""
     if "\x00" in value:
@@ -62,16 +118,18 @@ def text_problem(value):
     return None
 
 
-def json_problem(value, where="", max_depth=MAX_DEPTH):
+def json_problem(value, where="", max_depth=MAX_DEPTH, *, clean=False):
     """The first ``(field, message)`` that keeps ``value`` from being stored as JSON, or None.
 
     Objects and arrays may nest ``max_depth`` levels; numbers are finite, whole numbers
-    fit in 64 bits; strings and keys are valid Unicode without NUL.
+    fit in 64 bits; strings and keys are valid Unicode without NUL, and with ``clean``
+    (what a person wrote: a step's params) clean text (`clean_text_problem`).
     """
+    check = clean_text_problem if clean else text_problem
     pending = [(value, where, 0)]
     while pending:
         item, path, depth = pending.pop()
-        problem = _scalar_problem(item)
+        problem = check(item) if isinstance(item, str) else _scalar_problem(item)
         if problem:
             return path or "body", problem
         if isinstance(item, dict | list):
@@ -82,7 +140,7 @@ def json_problem(value, where="", max_depth=MAX_DEPTH):
                 if isinstance(item, dict):
                     if not isinstance(key, str):
                         return path or "body", "object keys must be strings"
-                    key_problem = text_problem(key)
+                    key_problem = check(key)
                     if key_problem:
                         return field_path(path, key), f"its name {key_problem}"
                 pending.append((child, field_path(path, key), depth + 1))
@@ -118,12 +176,12 @@ def check_text(value, field, max_length, *, required=True):
 
 
 def text_error(value, max_length, *, required=True):
-    """What is wrong with ``value`` as a bounded text field, or None."""
+    """What is wrong with ``value`` as a bounded text field a person wrote, or None (clean text)."""
     if value is None and not required:
         return None
     if not isinstance(value, str):
         return f"must be a string, not {json_type(value)}"
-    problem = text_problem(value)
+    problem = clean_text_problem(value)
     if problem:
         return problem
     if required and not value.strip():

@@ -1,6 +1,6 @@
 """The ledger's pages: every row a run took, where it stands with its attempts, and waiving rows by hand.
 
-May import the engine (manual), models, conf and `.lists`; nothing imports it but the
+May import the engine (manual), models, conf, `validation` and `.lists`; nothing imports it but the
 package, which Django's admin autodiscovery imports.
 """
 
@@ -11,6 +11,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .. import validation
 from ..conf import max_revert_attempts
 from ..manual import waive
 from ..models import Resource, ResourceState, Run
@@ -39,8 +40,8 @@ class WaiveForm(forms.Form):
 
     def clean_reason(self):
         reason = self.cleaned_data["reason"]
-        if "\x00" in reason:
-            raise forms.ValidationError("A reason may not contain a NUL character.")
+        if message := validation.text_error(reason, validation.MAX_REASON):
+            raise forms.ValidationError(f"The reason {message}.")
         return reason
 
 

@@ -6,6 +6,7 @@ its own. May import the engine (manual, runner, plan, sweep, timeline), models, 
 """
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
@@ -16,10 +17,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import timeline
-from ..conf import max_revert_attempts
+from ..conf import max_revert_attempts, setting
 from ..manual import check_cleanup, request_cleanups
 from ..models import UNRESOLVED, Resource, ResourceState, Run, RunLog, RunStatus, Step
-from ..plan import WAITING, cleanup_plan
+from ..plan import WAITING, cleanup_plan, unread_ids
 from ..runner import RunStateError, cancel_run
 from ..sweep import CleanupRefused
 from .lists import (
@@ -97,6 +98,9 @@ class RunAdmin(PersonActionsAdmin):
         return "-" if obj.is_terminal else when(obj.wake_at)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Checked before anything is read (the gate of `PermissionFirstMixin` checks it too).
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
         run = self.get_object(request, object_id)
         extra = {}
         if run is not None:
@@ -104,7 +108,48 @@ class RunAdmin(PersonActionsAdmin):
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
     def run_page(self, request, run):
-        """Steps, rows (unresolved first), log (newest first) and plan, each capped."""
+        """Steps, rows (unresolved first), log (newest first) and plan, each capped.
+
+        As the API shows them: the rows, their counts, the plan and its live values only
+        with ``view_resource``, the log only with ``view_runlog``; what the user may not see
+        is not read, and no live value is read for them.
+        """
+        see_rows = request.user.has_perm("cleanup.view_resource")
+        see_log = request.user.has_perm("cleanup.view_runlog")
+        context = {
+            "run": run,
+            "see_rows": see_rows,
+            "see_log": see_log,
+            "can_clean_up": self.has_cleanup_run_permission(request),
+            "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
+            "waiting": WAITING,
+        }
+        steps = list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS])
+        mark_steps_waiting(steps)
+        context.update(
+            fleet=any(s.backend for s in steps),
+            steps=steps,
+            step_total=Step.objects.filter(run=run).count(),
+            links={
+                "rows": filtered("resource", run__id__exact=run.pk),
+                "unresolved": filtered("resource", run__id__exact=run.pk, needs="unresolved"),
+                "steps": filtered("step", run__id__exact=run.pk),
+                "log": filtered("runlog", run__id__exact=run.pk),
+            },
+        )
+        if see_log:
+            context.update(
+                log=list(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
+                log_total=RunLog.objects.filter(run=run).count(),
+            )
+        if see_rows:
+            context.update(self.ledger_part(request, run, steps))
+        # The timeline draws the rows and the log: it is shown to who may see both.
+        context["timeline"] = timeline.svg(run) if see_rows and see_log else None
+        return context
+
+    def ledger_part(self, request, run, steps):
+        """The run's rows, their counts and its cleanup plan (with live values on ``?live=1``)."""
         max_attempts = max_revert_attempts()
         now = timezone.now()
         rows = list(
@@ -120,8 +165,6 @@ class RunAdmin(PersonActionsAdmin):
         for row in rows:
             row.attempt_text = attempt_text(row, max_attempts, now)
         mark_waiting(rows, max_attempts)
-        steps = list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS])
-        mark_steps_waiting(steps)
         by_state_and_backend = (
             Resource.objects.filter(run=run).order_by().values_list("state", "backend").annotate(n=Count("id"))
         )
@@ -132,10 +175,11 @@ class RunAdmin(PersonActionsAdmin):
         fleet = bool(
             site_backends(request) or any(backends) or any(s.backend for s in steps) or any(r.backend for r in rows)
         )
-        # ?live=1 also reads each leased target through its lease, under the lease's budget.
-        plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=request.GET.get("live") == "1")
+        # ?live=1 also reads the leased targets through their leases, bounded as for the API
+        # (EVENT_LIVE_READS_PER_REQUEST within EVENT_LIVE_READ_BUDGET_S).
+        live = request.GET.get("live") == "1"
+        plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=live)
         return {
-            "run": run,
             "rows": rows,
             "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
             "row_total": sum(counts.values()),
@@ -148,23 +192,12 @@ class RunAdmin(PersonActionsAdmin):
             if fleet
             else [],
             "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
-            "steps": steps,
-            "step_total": Step.objects.filter(run=run).count(),
-            "log": list(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
-            "log_total": RunLog.objects.filter(run=run).count(),
             "plan": plan,
             "plan_capped": sum(len(g["rows"]) for g in plan) >= PLAN_ROWS,
+            "plan_unread": len(unread_ids(plan)) if live else 0,
+            "live_cap": setting("EVENT_LIVE_READS_PER_REQUEST"),
+            "live_budget": setting("EVENT_LIVE_READ_BUDGET_S"),
             "has_leases": any("lease" in g["rows"][0] for g in plan),
-            "waiting": WAITING,
-            "timeline": timeline.svg(run),
-            "links": {
-                "rows": filtered("resource", run__id__exact=run.pk),
-                "unresolved": filtered("resource", run__id__exact=run.pk, needs="unresolved"),
-                "steps": filtered("step", run__id__exact=run.pk),
-                "log": filtered("runlog", run__id__exact=run.pk),
-            },
-            "can_clean_up": self.has_cleanup_run_permission(request),
-            "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
             "max_attempts": max_attempts,
         }
 

@@ -454,13 +454,21 @@ class PlanHeirSerializer(serializers.Serializer):
 class PlanLiveSerializer(serializers.Serializer):
     value = JsonValueField(required=False, help_text="The value in force now, when it could be read.")
     error = serializers.CharField(required=False, help_text="Why it could not be read.")
+    unread = serializers.CharField(
+        required=False,
+        help_text="Why it was not read: past EVENT_LIVE_READS_PER_REQUEST, or EVENT_LIVE_READ_BUDGET_S ran out first.",
+    )
 
 
 class PlanLeaseSerializer(serializers.Serializer):
     baseline = JsonValueField(help_text="The value before the lease, to be restored.")
     applied = JsonValueField(help_text="The value this run applied.")
     hand_down_to = PlanHeirSerializer(allow_null=True, help_text="The newer lease that inherits the baseline.")
-    live = PlanLiveSerializer(required=False, help_text='With ?live=1: {"value"} read now, or {"error"}.')
+    live = PlanLiveSerializer(
+        required=False,
+        help_text='With ?live=1: {"value"} read now, {"error"} when the read failed, or {"unread"} saying why it '
+        "was not read (past EVENT_LIVE_READS_PER_REQUEST, or EVENT_LIVE_READ_BUDGET_S ran out).",
+    )
 
 
 class PlanRowSerializer(serializers.Serializer):
@@ -496,6 +504,11 @@ class PlanGroupSerializer(serializers.Serializer):
 class CleanupPlanSerializer(serializers.Serializer):
     run = serializers.IntegerField()
     groups = PlanGroupSerializer(many=True)
+    unread = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="With ?live=1: the ids of the lease rows whose live value was not read in this request.",
+    )
 
 
 def counts_by(name, choices):

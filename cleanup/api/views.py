@@ -22,7 +22,7 @@ from ..calls import MAX_BACKEND, backend_name_ok
 from ..feed import position
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
-from ..plan import cleanup_plan
+from ..plan import cleanup_plan, unread_ids
 from ..reconcile import module_known
 from ..runner import RunQuotaExceeded, RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
@@ -329,7 +329,8 @@ class RunWaiveView(EventsAPI, APIView):
             "live",
             str,
             enum=["1", "true", "0", "false"],
-            description="1 or true: also read each leased target's live value through its lease.",
+            description="1 or true: also read each leased target's live value through its lease: at most "
+            "EVENT_LIVE_READS_PER_REQUEST values, within EVENT_LIVE_READ_BUDGET_S; `unread` lists the others.",
         )
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
@@ -344,7 +345,9 @@ class RunCleanupPlanView(EventsAPI, APIView):
     def get(self, request, pk):
         live = params.flag(request.query_params, "live")
         run = get_object_or_404(Run, pk=pk)
-        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
+        plan = cleanup_plan(run, live=live)
+        answer = {"run": run.pk, "groups": plan, **({"unread": unread_ids(plan)} if live else {})}
+        return Response(s.CleanupPlanSerializer(answer).data)
 
 
 @extend_schema(

@@ -45,8 +45,8 @@ def json_value(text):
 
 
 def plain_text(text):
-    """An argparse type: text the database can store (no NUL), such as a name or a reason."""
-    problem = validation.text_problem(text)
+    """An argparse type: clean text (no NUL, control or bidirectional character), such as an actor."""
+    problem = validation.clean_text_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
