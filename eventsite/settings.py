@@ -10,6 +10,8 @@ falling back to a default that would hide a typo.
 
 import os
 import re
+import tomllib
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
 
@@ -309,11 +311,20 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
 }
 
+
+def _package_version():
+    """The installed package's version; from pyproject.toml when the source runs uninstalled."""
+    try:
+        return package_version("eventsite")
+    except PackageNotFoundError:
+        return tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
+
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "eventsite events API",
     "DESCRIPTION": "Event runs, their ledger, and the cleanup that gives it back.",
     # The package's version (pyproject.toml), as a console reads it in info.version.
-    "VERSION": package_version("eventsite"),
+    "VERSION": _package_version(),
     # The schema and its docs page are for staff, like the API; the page's scripts come
     # from the installed drf-spectacular-sidecar, not a CDN, so it works offline.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],

@@ -56,3 +56,15 @@ def test_a_request_to_a_refused_host_under_the_old_prefix_still_answers_the_enve
     response = client.get("/api/events/runs/", HTTP_HOST="evil.example")
     assert response.status_code == 400 and response.json()["code"] == "invalid"
     assert response["Link"] == f"</api/v1/events/runs/>; {SUCCESSOR}"
+
+
+def test_the_version_is_read_from_pyproject_when_the_package_is_not_installed(monkeypatch):
+    from importlib.metadata import PackageNotFoundError
+
+    from eventsite import settings as site_settings
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(site_settings, "package_version", not_installed)
+    assert site_settings._package_version() == version("eventsite")
