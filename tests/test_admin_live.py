@@ -197,7 +197,6 @@ def test_the_index_fragment_answers_the_counts_as_they_are_now(staffer, invasion
 def test_the_index_lists_each_running_run_with_what_it_holds_in_words_and_its_step(staffer, invasion):
     page = staffer.get(INDEX).content.decode()
     live = page.split('id="live-now"')[1].split("</table>")[0]
-    assert "1 running" in live
     assert "orc invasion" in live
     assert "3 orc and 1 troll at north-gate; orc-camp 1.0 → 5.0" in live
     assert "step 3 of 3: core.wait" in live
@@ -296,7 +295,7 @@ def test_a_row_at_its_ceiling_says_when_it_gave_up(staffer):
     rows = make_rows(make_step(run), ["wolf-1"], placeholder=False)
     Resource.objects.filter(pk=rows[0].pk).update(state="failed", revert_attempts=3)
     page = staffer.get(LEDGER).content.decode()
-    assert re.search(r"given up after 3 of 3 at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page)
+    assert re.search(r"given up after 3 of 3 at \d\d:\d\d:\d\d", page)
 
 
 # -- the log in words, recent actions that say what was done ----------------------------------

@@ -378,7 +378,7 @@ def attempt_text(row, max_attempts, now):
     if row.run.status not in TERMINAL:
         return "held by a running run"
     # A row's last verdict is when it gave up: it is written with the row's updated_at.
-    at = f" at {when(row.updated_at)}" if getattr(row, "updated_at", None) else ""
+    at = f" at {short_when(row.updated_at)}" if getattr(row, "updated_at", None) else ""
     if not row.retryable:
         return f"given up after {n} (not retryable){at}"
     if n >= max_attempts:

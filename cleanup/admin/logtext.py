@@ -20,7 +20,7 @@ LABELS = {
     "error": "error",
     "reason": "reason",
     "resources": "resources",
-    "failed": "failed refs",
+    "failed": "failed",
     "reasons": "why each failed",
     "current": "value found",
     "reset": "rows reset",

@@ -164,6 +164,9 @@
                 return response.text();
             })
             .then(function (html) {
+                if (paused()) {
+                    return;  // paused while the answer was on its way: the page stays as the person left it
+                }
                 apply(html);
                 updatedAt = Date.now();
                 failure = '';
