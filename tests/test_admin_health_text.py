@@ -40,7 +40,7 @@ def test_a_down_backend_says_for_how_long_in_red_with_a_link_to_its_log(staffer)
     link = re.search(r'href="([^"]+)" class="health-log">its log</a>', state)[1].replace("&amp;", "&")
     assert link == reverse("admin:cleanup_moduleevent_changelist") + "?module=test"
     assert "module.down" in staffer.get(link).content.decode()
-    assert re.search(r"disk swap</span> <small>\(at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)</small>", cell(page, "error"))
+    assert re.search(r"disk swap</span> <small>\(at \d\d:\d\d:\d\d\)</small>", cell(page, "error"))
 
 
 def test_a_backend_that_came_back_shows_its_old_error_as_old_with_the_time_it_answered(staffer):

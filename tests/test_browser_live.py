@@ -91,7 +91,7 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
     from cleanup import outages
     from cleanup.models import Run, RunStatus
     from cleanup.sweep import cleanup_run
-    from tests.fakes import make_run
+    from tests.fakes import make_rows, make_run, make_step
 
     url, raid = site["url"], site["raid"]
     with sync_playwright() as pw:
@@ -148,8 +148,6 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
             page.fill("#searchbar", "troll")
             expect(page.locator(".action-counter")).to_contain_text("1 of")
             another = make_run(status=RunStatus.ABORTED, name="ogre patrol", cleanup_status="pending")
-            from tests.fakes import make_rows, make_step
-
             make_rows(make_step(another), ["ogre-1"], placeholder=False)
             wait_for_updates(page, 2)
             expect(page.locator("#live-new-rows")).to_contain_text("1 new row")
@@ -172,13 +170,29 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
             expect(ogre.locator("td.field-state_shown .state-line")).to_contain_text("test is down since")
             shot(page, "live-4-ledger-waiting")
 
-            # The index counts a run that starts, by itself.
+            # Module health: down in red, for how long, its log a click away.
+            page.goto(f"{url}/admin/cleanup/modulehealth/")
+            test_row = page.locator("#result_list tbody tr", has_text="gate shard redeploy")
+            expect(test_row.locator(".health-down")).to_contain_text("down for")
+            expect(test_row.locator("a.health-log")).to_have_text("its log")
+            shot(page, "live-5-module-health")
+
+            # The index counts a run that starts, by itself, and says what the running runs hold.
+            invasion = make_run(status=RunStatus.RUNNING, name="orc invasion")
+            spawn = make_step(invasion, status="done")
+            orcs = make_rows(spawn, [f"orc-n{i}" for i in range(20)], placeholder=False)
+            from cleanup.models import Resource
+
+            Resource.objects.filter(pk__in=[r.pk for r in orcs]).update(payload={"creature": "orc", "at": "north-gate"})
+            make_step(invasion, action_id="core.wait", params={"seconds": 600}, status="running")
             page.goto(f"{url}/admin/")
-            expect(page.locator("#count-running-runs")).to_have_text("0")
+            expect(page.locator("#count-running-runs")).to_have_text("1")
+            expect(page.locator("#live-now")).to_contain_text("20 orc at north-gate")
+            expect(page.locator("#live-now")).to_contain_text("step 2 of 2: core.wait")
             make_run(status=RunStatus.RUNNING, name="goblin night")
-            expect(page.locator("#count-running-runs")).to_have_text("1", timeout=SEEN_WITHIN_MS)
+            expect(page.locator("#count-running-runs")).to_have_text("2", timeout=SEEN_WITHIN_MS)
             expect(page.locator("#live-now")).to_contain_text("goblin night")
-            shot(page, "live-5-index")
+            shot(page, "live-6-index")
             assert errors == [], f"the browser reported errors: {errors}"
         finally:
             browser.close()

@@ -33,6 +33,7 @@ from .lists import (
     actor,
     ago,
     backend_param,
+    short_when,
     site_backends,
     when,
 )
@@ -161,7 +162,7 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
                 when(obj.updated_at),
                 short,
             )
-        at = when(obj.updated_at)
+        at = short_when(obj.updated_at)
         return format_html('<span title="{}">{}</span> <small>(at {})</small>', obj.last_error, short, at)
 
     @admin.display(description="boot id")
