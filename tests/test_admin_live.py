@@ -343,3 +343,31 @@ def test_the_step_a_run_is_at_is_its_first_not_done(invasion):
     from cleanup.admin.live import current_steps
 
     assert current_steps([invasion])[invasion.pk] == Step.objects.get(run=invasion, position=2)
+
+
+def test_a_rows_page_offers_its_waiver_and_its_runs_retry_each_confirmed(staffer):
+    run = make_run(status=RunStatus.ABORTED, cleanup_status="incomplete")
+    rows = make_rows(make_step(run), ["wolf-1"], placeholder=False)
+    Resource.objects.filter(pk=rows[0].pk).update(state="failed", revert_attempts=3, last_error="in combat")
+    page = staffer.get(reverse("admin:cleanup_resource_change", args=[rows[0].pk])).content.decode()
+    assert 'id="waive-row"' in page and 'id="retry-run"' in page
+    asked = staffer.post(LEDGER, {"action": "waive_rows", "_selected_action": [rows[0].pk]})
+    assert asked.status_code == 200 and 'name="reason"' in asked.content.decode(), "the waiver is not confirmed"
+    assert Resource.objects.get(pk=rows[0].pk).state == "failed"
+    confirm = staffer.post(
+        reverse("admin:cleanup_run_changelist"), {"action": "clean_up", "_selected_action": [run.pk]}
+    )
+    assert confirm.status_code == 200 and "Rows reset:" in confirm.content.decode()
+    assert Resource.objects.get(pk=rows[0].pk).revert_attempts == 3, "the retry happened before its confirmation"
+
+
+def test_a_rows_page_offers_nothing_without_cleanup_run_or_once_resolved(client, staffer):
+    run = make_run(status=RunStatus.ABORTED, cleanup_status="incomplete")
+    failed, done = make_rows(make_step(run), ["wolf-1", "wolf-2"], placeholder=False)
+    Resource.objects.filter(pk=failed.pk).update(state="failed", revert_attempts=3)
+    Resource.objects.filter(pk=done.pk).update(state="reverted")
+    resolved = staffer.get(reverse("admin:cleanup_resource_change", args=[done.pk])).content.decode()
+    assert 'id="waive-row"' not in resolved
+    staff_with(client, "view_resource", "view_run")
+    page = client.get(reverse("admin:cleanup_resource_change", args=[failed.pk])).content.decode()
+    assert 'id="waive-row"' not in page and 'id="retry-run"' not in page

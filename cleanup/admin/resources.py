@@ -69,6 +69,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         f"and the newest {SEARCH_WINDOW:,} of the ledger."
     )
     change_list_template = "admin/cleanup/resource/change_list.html"
+    change_form_template = "admin/cleanup/resource/change_form.html"
     list_select_related = ["run"]
     ordering = ["-id"]
     actions = ["waive_rows"]
@@ -126,6 +127,14 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
             at = main.index("module") + 1
             fieldsets = [(None, {"fields": [*main[:at], "backend_shown", *main[at:]]}), *fieldsets[1:]]
         return fieldsets
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """A row's page offers what a person does about it: the waiver, and the retry of its run."""
+        row = self.get_object(request, object_id)
+        extra = {}
+        if row is not None and row.state in UNRESOLVED and self.has_cleanup_run_permission(request):
+            extra = {"can_waive": True, "can_retry_run": row.run.is_terminal}
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
     def get_list_display(self, request):
         # The module column names the backend too ("sandbox/north"): no column of its own here.
