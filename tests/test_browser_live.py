@@ -70,6 +70,20 @@ def shot(page, name):
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def all_columns_on_screen(page):
+    """Every column of the ledger list on screen, left of its filters, at 1,280 px; no sideways scroll."""
+    right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
+    columns = ("ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name", "updated_short")
+    for column in columns:
+        box = page.locator(f"th.column-{column}").bounding_box()
+        assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
+    # The results' own box too: a table wider than it runs under the filters.
+    results = page.locator("#changelist .results").bounding_box()
+    table = page.locator("#result_list").bounding_box()
+    assert table["x"] + table["width"] <= results["x"] + results["width"] + 1, "the list runs under the filters"
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH, "the list scrolls sideways"
+
+
 def updates(page):
     return int(page.locator("#live-bar").get_attribute("data-updates") or 0)
 
@@ -89,7 +103,7 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
 
     from cleanup import outages
-    from cleanup.models import Run, RunStatus
+    from cleanup.models import Resource, Run, RunStatus
     from cleanup.sweep import cleanup_run
     from tests.fakes import make_rows, make_run, make_step
 
@@ -141,33 +155,31 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
             wait_for_updates(page, 1)
 
             # The ledger: a person ticks a row and types a search; the list changes under them.
-            outages.mark_down("test", by="alice", reason="gate shard redeploy")
+            outages.mark_down("test", backend="north-gate-shard", by="alice", reason="gate shard redeploy")
             page.goto(f"{url}/admin/cleanup/resource/?needs=unresolved")
             wolf = page.locator("#result_list tbody tr", has_text="wolf-1")
             wolf.locator("input.action-select").check()
             page.fill("#searchbar", "troll")
             expect(page.locator(".action-counter")).to_contain_text("1 of")
             another = make_run(status=RunStatus.ABORTED, name="ogre patrol", cleanup_status="pending")
-            make_rows(make_step(another), ["ogre-1"], placeholder=False)
+            ogres = make_rows(make_step(another), ["ogre-1"], placeholder=False)
+            # A fleet's long backend name, as on a live night.
+            Resource.objects.filter(pk=ogres[0].pk).update(backend="north-gate-shard")
             wait_for_updates(page, 2)
             expect(page.locator("#live-new-rows")).to_contain_text("1 new row")
             assert wolf.locator("input.action-select").is_checked(), "the selection was lost"
             assert page.input_value("#searchbar") == "troll", "the typing was lost"
             expect(page.locator(".action-counter")).to_contain_text("1 of")
-            # Every column on screen, beside the filters, at 1,280 px.
-            right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
-            columns = ("ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name")
-            for column in (*columns, "updated_short"):
-                box = page.locator(f"th.column-{column}").bounding_box()
-                assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
-            assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH, "the list scrolls sideways"
+            all_columns_on_screen(page)
             shot(page, "live-3-ledger-selection-kept")
 
             # A waiting row reads as waiting, why on its own line.
             page.goto(f"{url}/admin/cleanup/resource/?needs=unresolved")
             ogre = page.locator("#result_list tbody tr", has_text="ogre-1")
             expect(ogre.locator("td.field-state_shown")).to_contain_text("waiting")
-            expect(ogre.locator("td.field-state_shown .state-line")).to_contain_text("test is down since")
+            line = ogre.locator("td.field-state_shown .state-line")
+            expect(line).to_contain_text("test/north-gate-shard is down since")
+            all_columns_on_screen(page)
             shot(page, "live-4-ledger-waiting")
 
             # Module health: down in red, for how long, its log a click away.
@@ -181,8 +193,6 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
             invasion = make_run(status=RunStatus.RUNNING, name="orc invasion")
             spawn = make_step(invasion, status="done")
             orcs = make_rows(spawn, [f"orc-n{i}" for i in range(20)], placeholder=False)
-            from cleanup.models import Resource
-
             Resource.objects.filter(pk__in=[r.pk for r in orcs]).update(payload={"creature": "orc", "at": "north-gate"})
             make_step(invasion, action_id="core.wait", params={"seconds": 600}, status="running")
             page.goto(f"{url}/admin/")

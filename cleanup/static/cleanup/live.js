@@ -4,8 +4,10 @@
  * The page's live bar (#live-bar) names a fragment URL (data-live-src) and a period in
  * seconds (data-live-every). While live, the fragment is read again every period and
  * the page's parts are brought up to date in place, without a reload:
- *   - an element with data-live-part and an id replaces the page's element of that id,
- *     unless the person is in it (focus, or text selected in it): then it waits a turn;
+ *   - an element with data-live-part and an id brings the page's element of that id up
+ *     to date, changing only the text and attributes that differ (`morph`), unless the
+ *     person is in it (focus, or text selected in it): then it waits a turn; nothing is
+ *     changed between a press of the pointer and its click;
  *   - an element with data-live-into="<selector>" sets the text of the page's element
  *     it names (a read-only field of the run's form);
  *   - an element with data-live-rows="<table selector>" updates that table's rows cell
@@ -32,6 +34,12 @@
     let failure = '';
     let timer = null;
     let busy = false;
+    // Between a press and its click nothing changes, so the click lands where it was aimed.
+    let pointerDown = false;
+    document.addEventListener('pointerdown', function () { pointerDown = true; }, true);
+    document.addEventListener('pointerup', function () {
+        window.setTimeout(function () { pointerDown = false; }, 0);
+    }, true);
 
     function paused() {
         try {
@@ -133,12 +141,50 @@
         }
     }
 
+    // Bring `current` to what `fresh` is, changing only what differs: an element that keeps
+    // its place keeps its identity, so a link being clicked is never swapped from under the
+    // pointer, and a part whose counts did not change is not touched at all.
+    function morph(current, fresh) {
+        if (current.nodeType !== fresh.nodeType || current.nodeName !== fresh.nodeName) {
+            current.replaceWith(document.importNode(fresh, true));
+            return;
+        }
+        if (current.nodeType !== Node.ELEMENT_NODE) {
+            if (current.nodeValue !== fresh.nodeValue) {
+                current.nodeValue = fresh.nodeValue;
+            }
+            return;
+        }
+        Array.from(current.attributes).forEach(function (attr) {
+            if (!fresh.hasAttribute(attr.name)) {
+                current.removeAttribute(attr.name);
+            }
+        });
+        Array.from(fresh.attributes).forEach(function (attr) {
+            if (current.getAttribute(attr.name) !== attr.value) {
+                current.setAttribute(attr.name, attr.value);
+            }
+        });
+        const now = Array.from(current.childNodes);
+        const next = Array.from(fresh.childNodes);
+        for (let i = 0; i < next.length; i++) {
+            if (i < now.length) {
+                morph(now[i], next[i]);
+            } else {
+                current.appendChild(document.importNode(next[i], true));
+            }
+        }
+        for (let i = next.length; i < now.length; i++) {
+            now[i].remove();
+        }
+    }
+
     function apply(html) {
         const doc = new DOMParser().parseFromString(html, 'text/html');
         doc.querySelectorAll('[data-live-part][id]').forEach(function (fresh) {
             const current = document.getElementById(fresh.id);
             if (current && !personIsIn(current)) {
-                current.replaceWith(document.importNode(fresh, true));
+                morph(current, fresh);
             }
         });
         doc.querySelectorAll('[data-live-into]').forEach(function (fresh) {
@@ -151,7 +197,7 @@
     }
 
     function read() {
-        if (busy || paused() || document.hidden) {
+        if (busy || paused() || document.hidden || pointerDown) {
             schedule();
             return;
         }
@@ -164,7 +210,7 @@
                 return response.text();
             })
             .then(function (html) {
-                if (paused()) {
+                if (paused() || pointerDown) {
                     return;  // paused while the answer was on its way: the page stays as the person left it
                 }
                 apply(html);
