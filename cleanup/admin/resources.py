@@ -39,6 +39,8 @@ from .summaries import row_what
 
 ERROR_CHARS = 70
 WHAT_CHARS = 40
+# A ref is an id: its start tells rows apart, the whole is on hover and on the row's page.
+REF_CHARS = 17
 # A search reads the unresolved rows (their partial index) and this many of the newest rows
 # (a range of the primary key), never the whole ledger.
 SEARCH_WINDOW = 100_000
@@ -172,7 +174,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
 
     @admin.display(description="ref", ordering="ref")
     def ref_short(self, obj):
-        return format_html('<span title="{}">{}</span>', obj.ref, truncatechars(obj.ref, 28))
+        return format_html('<span title="{}">{}</span>', obj.ref, truncatechars(obj.ref, REF_CHARS))
 
     @admin.display(description="what", ordering="kind")
     def what(self, obj):
