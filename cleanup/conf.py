@@ -188,6 +188,14 @@ SETTINGS = (
         "the first word of every metric's name (`events_ledger_rows`); the example site sets its own name",
         kind=TEXT,
     ),
+    # The admin's pages that stay current (cleanup/static/cleanup/live.js).
+    Setting(
+        "EVENT_ADMIN_REFRESH_S",
+        5,
+        1,
+        3_600,
+        "how often an open admin page (the index, a run, the ledger) reads its counts and rows again, while live",
+    ),
     # The site's probe (/healthz). The tick is due every minute: a few missed ones are a
     # slow worker, more is no worker.
     Setting(

@@ -81,7 +81,8 @@ def test_the_list_shows_state_attempts_error_ref_and_run_first(staffer, ledger):
     with time_machine.travel(NOW, tick=False):
         page = staffer.get(LIST).content.decode()
     headers = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', page)
-    assert headers[:5] == ["ref_short", "state", "attempt", "error", "run_name"]
+    columns = ["ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name", "updated_short"]
+    assert headers == columns
     assert "given up after 3 of 3" in page
     assert "attempt 1 of 3; next in 40 s" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page

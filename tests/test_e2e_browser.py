@@ -113,9 +113,13 @@ def test_a_person_follows_what_needs_them_and_retries_the_failed_cleanup(demo):
             # The ledger list fits 1,280 px: state, attempts, error, ref and run are on screen.
             page.goto(f"{url}/admin/cleanup/resource/?needs=waiting")
             right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
-            for column in ("ref_short", "state", "attempt", "error", "run_name"):
+            columns = ("ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name")
+            for column in (*columns, "updated_short"):
                 box = page.locator(f"th.column-{column}").bounding_box()
                 assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
+            results = page.locator("#changelist .results").bounding_box()
+            table = page.locator("#result_list").bounding_box()
+            assert table["x"] + table["width"] <= results["x"] + results["width"] + 1, "the list runs under the filters"
             # The list shows exactly the rows the index counted.
             assert page.locator("#result_list tbody tr").count() == waiting
             shot(page, "4-ledger-waiting")
@@ -231,7 +235,7 @@ def test_module_health_lists_each_backend_and_a_person_marks_one_down(fleet_site
             expect(page.locator("#result_list")).not_to_contain_text("test/south")
             # Why each row waits wraps: every column stays on screen.
             right = min(WIDTH, page.locator("#changelist-filter").bounding_box()["x"])
-            for column in ("ref_short", "state", "backend_shown", "attempt", "error", "run_name"):
+            for column in ("ref_short", "state_shown", "module_shown", "attempt", "error", "run_name"):
                 box = page.locator(f"th.column-{column}").bounding_box()
                 assert box and box["x"] + box["width"] <= right, f"the {column} column is off-screen or hidden"
             shot(page, "fleet-5-ledger-north")

@@ -8,9 +8,12 @@ partial indexes of unresolved rows only.
 
 One module per surface: `runs` (a run's page, its actions, its steps and log),
 `resources` (the ledger), `modules` (module health and the modules' log), `alerts` (the
-outbox); `lists` holds what they share and `guards` the middleware that keeps malformed
-input from them. Importing the package registers every page; nothing imports it but
-Django's admin autodiscovery, the template tags (`lists`) and the settings (`guards`).
+outbox); `lists` holds what they share, `live` the fragments that keep the index, a run's
+page and the ledger current (read again by ``cleanup/static/cleanup/live.js``),
+`summaries` what a row is and what a run holds in words, `logtext` the run log in
+sentences, and `guards` the middleware that keeps malformed input from them. Importing
+the package registers every page; nothing imports it but Django's admin autodiscovery,
+the template tags (`lists`, `live`) and the settings (`guards`).
 May import: the engine's entry points (`manual`, `runner`, `plan`, `outages`, `sweep`), the
 models, conf, `validation`, `timeline`, `calls` (a backend's name); nothing of the engine
 imports it.

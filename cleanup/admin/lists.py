@@ -24,7 +24,17 @@ from django.utils.http import urlencode
 from django.utils.text import slugify
 
 from ..conf import max_revert_attempts
-from ..models import CLAIMABLE, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, StepStatus
+from ..models import (
+    CLAIMABLE,
+    TERMINAL,
+    UNRESOLVED,
+    ModuleHealth,
+    Resource,
+    ResourceState,
+    Run,
+    RunStatus,
+    StepStatus,
+)
 
 
 def actor(request):
@@ -37,6 +47,14 @@ def when(dt):
     if dt is None:
         return "-"
     return timezone.localtime(dt).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short_when(dt):
+    """A time as short as a list can show it: ``21:04:05`` today, ``12-01 21:04`` before."""
+    if dt is None:
+        return "-"
+    local, today = timezone.localtime(dt), timezone.localdate()
+    return local.strftime("%H:%M:%S") if local.date() == today else local.strftime("%m-%d %H:%M")
 
 
 def ago(seconds):
@@ -75,6 +93,7 @@ def attention(user):
     """The counts the admin index leads with; each reads unresolved rows only (partial indexes)."""
     found = {}
     if user.has_perm("cleanup.view_run"):
+        found["running_runs"] = Run.objects.filter(status=RunStatus.RUNNING).count()
         found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
     if user.has_perm("cleanup.view_modulehealth"):
         found["modules_down"] = ModuleHealth.objects.down().count()
@@ -398,15 +417,33 @@ def attempt_text(row, max_attempts, now):
         return f"attempt {n} of {max_attempts}, in progress"
     if row.run.status not in TERMINAL:
         return "held by a running run"
+    # A row's last verdict is when it gave up: it is written with the row's updated_at.
+    at = f" at {short_when(row.updated_at)}" if getattr(row, "updated_at", None) else ""
     if not row.retryable:
-        return f"given up after {n} (not retryable)"
+        return f"given up after {n} (not retryable){at}"
     if n >= max_attempts:
-        return f"given up after {n} of {max_attempts}"
+        return f"given up after {n} of {max_attempts}{at}"
     if not row.run.auto_cleanup:
         return "waiting for a person (cancelled without cleanup)"
+    if getattr(row, "waiting", None):
+        return f"attempt {n} of {max_attempts}; none spent while it waits"
     if row.next_attempt_at and row.next_attempt_at > now:
         return f"attempt {n} of {max_attempts}; next in {ago((row.next_attempt_at - now).total_seconds())}"
     return f"attempt {n} of {max_attempts}; next pass" if n else f"not tried yet (of {max_attempts})"
+
+
+def state_shown(row):
+    """A row's state as a person reads it: ``(css class, word, line under it or "")``.
+
+    A row waiting for its backend reads "waiting", with why and since when on a line of
+    its own (set by `mark_waiting`), never "failed"; a running run's rows are "held".
+    """
+    waiting = getattr(row, "waiting", None)
+    if waiting:
+        return "state-waiting", "waiting", waiting
+    if row.state == ResourceState.LIVE and row.run.status not in TERMINAL:
+        return "state-held", "live", "held by its running run"
+    return f"state-{row.state}", row.get_state_display(), ""
 
 
 def next_attempt(row, max_attempts):

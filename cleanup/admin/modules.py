@@ -32,6 +32,10 @@ from .lists import (
     PersonActionsAdmin,
     ReadOnlyAdmin,
     actor,
+    ago,
+    backend_param,
+    short_when,
+    site_backends,
     when,
 )
 
@@ -128,10 +132,13 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_shown(self, obj):
+        log = format_html(' <a href="{}" class="health-log">its log</a>', module_log_link(obj))
         if obj.state != ModuleState.DOWN:
-            return "up"
-        down = format_html('<strong style="color:{}">down</strong>', "#ba2121")
-        if not obj.held_at(timezone.now()):
+            return format_html('<span class="health-up">up</span>{}', log)
+        now = timezone.now()
+        lasted = f" for {ago((now - obj.down_since).total_seconds())}" if obj.down_since else ""
+        down = format_html('<strong class="health-down">down{}</strong>{}', lasted, log)
+        if not obj.held_at(now):
             return down
         until = f" until {when(obj.held_until)}" if obj.held_until else " until a person marks it up"
         probe = f"; the last probe {when(obj.last_probe_at)}: {obj.last_probe}" if obj.last_probe else ""
@@ -143,9 +150,21 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
 
     @admin.display(description="last error")
     def error(self, obj):
+        """The last error with its time; once the backend answers again, marked as old."""
         if not obj.last_error:
             return "-"
-        return format_html('<span title="{}">{}</span>', obj.last_error, truncatechars(obj.last_error, ERROR_CHARS))
+        short = truncatechars(obj.last_error, ERROR_CHARS)
+        if obj.state == ModuleState.UP and not obj.failures_in_row:
+            # A backend that answered again keeps its last error for the record, dated by the
+            # answer that ended it (`outages.record` and `mark_up` write updated_at then).
+            return format_html(
+                '<span class="old-error" title="{}">before it answered again at {}: {}</span>',
+                obj.last_error,
+                when(obj.updated_at),
+                short,
+            )
+        at = short_when(obj.updated_at)
+        return format_html('<span title="{}">{}</span> <small>(at {})</small>', obj.last_error, short, at)
 
     @admin.display(description="boot id")
     def boot(self, obj):
@@ -261,6 +280,14 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         unchanged = [h.name for h in healths if (h.module, h.backend) not in changed_keys]
         if unchanged:
             self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.", messages.WARNING)
+
+
+def module_log_link(health):
+    """The modules' log, filtered to this backend."""
+    query = {"module": health.module}
+    if health.backend or site_backends():
+        query["backend"] = backend_param(health.backend)
+    return reverse("admin:cleanup_moduleevent_changelist") + "?" + urlencode(query)
 
 
 def mark_down_link(module, backend):

@@ -6,15 +6,20 @@ package, which Django's admin autodiscovery imports.
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.http import HttpResponseBadRequest
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import validation
 from ..conf import max_revert_attempts
 from ..manual import waive
-from ..models import Resource, ResourceState, Run
+from ..models import UNRESOLVED, Resource, ResourceState, Run, backend_name
 from .lists import (
     BackendColumnMixin,
     BackendFilter,
@@ -27,10 +32,19 @@ from .lists import (
     mark_waiting,
     next_attempt,
     run_link,
+    short_when,
+    state_shown,
     when,
 )
+from .summaries import row_what
 
 ERROR_CHARS = 70
+WHAT_CHARS = 40
+# A ref is an id: its start tells rows apart, the whole is on hover and on the row's page.
+REF_CHARS = 17
+# A search reads the unresolved rows (their partial index) and this many of the newest rows
+# (a range of the primary key), never the whole ledger.
+SEARCH_WINDOW = 100_000
 
 
 class WaiveForm(forms.Form):
@@ -47,11 +61,18 @@ class WaiveForm(forms.Form):
 
 @admin.register(Resource)
 class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
-    list_display = ["ref_short", "state", "attempt", "error", "run_name"]
+    list_display = ["ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name", "updated_short"]
     list_display_links = ["ref_short"]
     list_filter = [NeedsFilter, "state", ModuleFilter, BackendFilter, KindFilter, "run__cleanup_status"]
     backend_after = "state"
-    search_fields = ["ref"]
+    # Ref, kind and the words of the payload ("troll", "north-gate"); `get_search_results` bounds it.
+    search_fields = ["ref", "kind", "payload"]
+    search_help_text = (
+        "Finds rows by ref, kind and the words of their payload (creature, place), among the unresolved rows "
+        f"and the newest {SEARCH_WINDOW:,} of the ledger."
+    )
+    change_list_template = "admin/cleanup/resource/change_list.html"
+    change_form_template = "admin/cleanup/resource/change_form.html"
     list_select_related = ["run"]
     ordering = ["-id"]
     actions = ["waive_rows"]
@@ -110,15 +131,77 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
             fieldsets = [(None, {"fields": [*main[:at], "backend_shown", *main[at:]]}), *fieldsets[1:]]
         return fieldsets
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """A row's page offers what a person does about it: the waiver, and the retry of its run."""
+        row = self.get_object(request, object_id)
+        extra = {}
+        if row is not None and row.state in UNRESOLVED and self.has_cleanup_run_permission(request):
+            extra = {"can_waive": True, "can_retry_run": row.run.is_terminal}
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def get_list_display(self, request):
+        # The module column names the backend too ("sandbox/north"): no column of its own here.
+        return list(self.list_display)
+
+    def get_search_results(self, request, queryset, search_term):
+        """A search over a window: the unresolved rows and the newest `SEARCH_WINDOW` rows."""
+        if not search_term.strip():
+            return super().get_search_results(request, queryset, search_term)
+        newest = Resource.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        window = queryset.filter(Q(state__in=UNRESOLVED) | Q(id__gt=newest - SEARCH_WINDOW))
+        return super().get_search_results(request, window, search_term)
+
+    def changelist_view(self, request, extra_context=None):
+        query = request.GET.urlencode()
+        live_src = reverse("admin:cleanup_resource_live") + (f"?{query}" if query else "")
+        return super().changelist_view(request, {"live_src": live_src, **(extra_context or {})})
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.live_rows)
+        view.model_admin = self  # the input guard checks its query as any page's of this admin
+        return [path("live/", view, name="cleanup_resource_live"), *super().get_urls()]
+
+    def live_rows(self, request):
+        """The list's rows again, with the same filters and page (`cleanup.admin.live`)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("These filters are not the ledger's.")
+        changelist.formset = None
+        context = {"cl": changelist, "opts": self.model._meta}
+        return TemplateResponse(request, "admin/cleanup/resource/live.html", context)
+
     @admin.display(description="ref", ordering="ref")
     def ref_short(self, obj):
-        return truncatechars(obj.ref, 32)
+        return format_html('<span title="{}">{}</span>', obj.ref, truncatechars(obj.ref, REF_CHARS))
+
+    @admin.display(description="what", ordering="kind")
+    def what(self, obj):
+        words = row_what(obj.kind, obj.ref, obj.payload)
+        if words == obj.kind:
+            return obj.kind
+        return format_html('{}: <span title="{}">{}</span>', obj.kind, words, truncatechars(words, WHAT_CHARS))
+
+    @admin.display(description="state", ordering="state")
+    def state_shown(self, obj):
+        css, word, line = state_shown(obj)
+        if not line:
+            return format_html('<span class="{}">{}</span>', css, word)
+        return format_html('<span class="{}">{}</span><span class="state-line">{}</span>', css, word, line)
 
     @admin.display(description="attempts")
     def attempt(self, obj):
-        text = attempt_text(obj, max_revert_attempts(), timezone.now())
-        waiting = getattr(obj, "waiting", None)
-        return format_html('{}; <strong class="waiting">{}</strong>', text, waiting) if waiting else text
+        return attempt_text(obj, max_revert_attempts(), timezone.now())
+
+    @admin.display(description="module", ordering="module")
+    def module_shown(self, obj):
+        return backend_name(obj.module, obj.backend)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated_short(self, obj):
+        return format_html('<span title="{}">{}</span>', when(obj.updated_at), short_when(obj.updated_at))
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)

@@ -9,10 +9,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -23,6 +23,7 @@ from ..models import UNRESOLVED, Resource, ResourceState, Run, RunLog, RunStatus
 from ..plan import WAITING, cleanup_plan, unread_ids
 from ..runner import RunStateError, cancel_run
 from ..sweep import CleanupRefused
+from . import live
 from .lists import (
     BackendColumnMixin,
     BackendFilter,
@@ -36,8 +37,11 @@ from .lists import (
     mark_waiting,
     run_link,
     site_backends,
+    state_shown,
     when,
 )
+from .logtext import details, sentence
+from .summaries import row_what
 
 # How much of a run its page shows; the rest is one link away, in the filtered lists.
 PAGE_ROWS = 50
@@ -78,11 +82,31 @@ class RunAdmin(PersonActionsAdmin):
     def unresolved(self, obj):
         if not obj._unresolved:
             return 0
-        return format_html(
-            '<a href="{}"><strong style="color:#ba2121">{}</strong></a>',
-            filtered("resource", run__id__exact=obj.pk, needs="unresolved"),
-            obj._unresolved,
-        )
+        link = filtered("resource", run__id__exact=obj.pk, needs="unresolved")
+        if not obj.is_terminal:
+            # What a running run holds is its own, not a failure: it is given back when it ends.
+            return format_html('<a href="{}" class="state-held">holds {}</a>', link, obj._unresolved)
+        return format_html('<a href="{}" class="count-alert">{}</a>', link, obj._unresolved)
+
+    def get_urls(self):
+        run = self.admin_site.admin_view(self.live_view)
+        run.model_admin = self  # the input guard checks its query as any page's of this admin
+        index = self.admin_site.admin_view(live.index_fragment)
+        return [
+            path("<int:object_id>/live/", run, name="cleanup_run_live"),
+            path("live-index/", index, name="cleanup_live_index"),
+            *super().get_urls(),
+        ]
+
+    def live_view(self, request, object_id):
+        """The live parts of a run's page (`cleanup.admin.live`): permission first, then the run."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        run = self.get_object(request, str(object_id))
+        if run is None:
+            raise Http404("No such run.")
+        context = {**self.run_page(request, run, live_read=False), "original": run}
+        return TemplateResponse(request, "admin/cleanup/run/live.html", context)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
@@ -107,13 +131,17 @@ class RunAdmin(PersonActionsAdmin):
             extra = self.run_page(request, run)
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
-    def run_page(self, request, run):
+    def run_page(self, request, run, live_read=None):
         """Steps, rows (unresolved first), log (newest first) and plan, each capped.
 
         As the API shows them: the rows, their counts, the plan and its live values only
         with ``view_resource``, the log only with ``view_runlog``; what the user may not see
-        is not read, and no live value is read for them.
+        is not read, and no live value is read for them. ``live_read``: read the leased
+        targets' live values (``?live=1`` on the page; never in the fragment the live bar
+        reads again).
         """
+        if live_read is None:
+            live_read = request.GET.get("live") == "1"
         see_rows = request.user.has_perm("cleanup.view_resource")
         see_log = request.user.has_perm("cleanup.view_runlog")
         context = {
@@ -139,16 +167,26 @@ class RunAdmin(PersonActionsAdmin):
         )
         if see_log:
             context.update(
-                log=list(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
+                log=in_words(RunLog.objects.filter(run=run).order_by("-id")[:PAGE_LOG]),
                 log_total=RunLog.objects.filter(run=run).count(),
             )
+        context.update(
+            live_read=live_read and see_rows,
+            live_src=reverse("admin:cleanup_run_live", args=[run.pk]),
+            fields_now={
+                "status": run.get_status_display(),
+                "cleanup_status": run.get_cleanup_status_display(),
+                "ended": self.ended(run),
+                "wakes": self.wakes(run),
+            },
+        )
         if see_rows:
-            context.update(self.ledger_part(request, run, steps))
+            context.update(self.ledger_part(request, run, steps, live_read))
         # The timeline draws the rows and the log: it is shown to who may see both.
         context["timeline"] = timeline.svg(run) if see_rows and see_log else None
         return context
 
-    def ledger_part(self, request, run, steps):
+    def ledger_part(self, request, run, steps, live_read):
         """The run's rows, their counts and its cleanup plan (with live values on ``?live=1``)."""
         max_attempts = max_revert_attempts()
         now = timezone.now()
@@ -162,9 +200,11 @@ class RunAdmin(PersonActionsAdmin):
                 .select_related("run")
                 .order_by("-id")[: PAGE_ROWS - len(rows)]
             )
+        mark_waiting(rows, max_attempts)
         for row in rows:
             row.attempt_text = attempt_text(row, max_attempts, now)
-        mark_waiting(rows, max_attempts)
+            row.state_class, row.state_word, row.state_line = state_shown(row)
+            row.what = row_what(row.kind, row.ref, row.payload)
         by_state_and_backend = (
             Resource.objects.filter(run=run).order_by().values_list("state", "backend").annotate(n=Count("id"))
         )
@@ -177,8 +217,7 @@ class RunAdmin(PersonActionsAdmin):
         )
         # ?live=1 also reads the leased targets through their leases, bounded as for the API
         # (EVENT_LIVE_READS_PER_REQUEST within EVENT_LIVE_READ_BUDGET_S).
-        live = request.GET.get("live") == "1"
-        plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=live)
+        plan = cleanup_plan(run, max_rows=PLAN_ROWS, live=live_read)
         return {
             "rows": rows,
             "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
@@ -194,7 +233,7 @@ class RunAdmin(PersonActionsAdmin):
             "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
             "plan": plan,
             "plan_capped": sum(len(g["rows"]) for g in plan) >= PLAN_ROWS,
-            "plan_unread": len(unread_ids(plan)) if live else 0,
+            "plan_unread": len(unread_ids(plan)) if live_read else 0,
             "live_cap": setting("EVENT_LIVE_READS_PER_REQUEST"),
             "live_budget": setting("EVENT_LIVE_READ_BUDGET_S"),
             "has_leases": any("lease" in g["rows"][0] for g in plan),
@@ -309,6 +348,15 @@ class RunAdmin(PersonActionsAdmin):
         return TemplateResponse(request, "admin/cleanup/run/confirm_action.html", context)
 
 
+def in_words(entries):
+    """Log entries with their sentence and their labelled details (`.logtext`)."""
+    entries = list(entries)
+    for entry in entries:
+        entry.sentence = sentence(entry.kind, entry.detail)
+        entry.pairs = details(entry.detail)
+    return entries
+
+
 # -- steps and the log ----------------------------------------------------------------------
 
 
@@ -362,7 +410,7 @@ class RunLogAdmin(ReadOnlyAdmin):
     list_filter = [LogKindFilter]
     list_select_related = ["run"]
     ordering = ["-id"]
-    fields = ["run_name", "kind", "detail", "logged"]
+    fields = ["run_name", "kind", "detail_short", "detail_pairs", "logged"]
     readonly_fields = fields
 
     @admin.display(description="at", ordering="at")
@@ -373,6 +421,16 @@ class RunLogAdmin(ReadOnlyAdmin):
     def run_name(self, obj):
         return run_link(obj.run_id, obj.run.name)
 
-    @admin.display(description="detail")
+    @admin.display(description="what happened")
     def detail_short(self, obj):
-        return truncatechars(str(obj.detail), 120)
+        return truncatechars(sentence(obj.kind, obj.detail), 160)
+
+    @admin.display(description="details")
+    def detail_pairs(self, obj):
+        pairs = details(obj.detail)
+        if not pairs:
+            return "-"
+        return format_html(
+            '<dl class="log-details">{}</dl>',
+            format_html("".join(["<dt>{}</dt><dd>{}</dd>"] * len(pairs)), *[v for pair in pairs for v in pair]),
+        )

@@ -1,11 +1,15 @@
-"""Template tags of the cleanup admin: the "needs attention" block of the admin index, and
-the warning that alerts go nowhere.
+"""Template tags of the cleanup admin: the "needs attention" block of the admin index, the
+live view of what is running, the live bar of a page that stays current, and the warning
+that alerts go nowhere.
 
-May import: `cleanup.admin.lists` (the counts it shows), `cleanup.alerts` (where alerts go).
+May import: `cleanup.admin.lists` and `cleanup.admin.live` (what they show), `cleanup.alerts`
+(where alerts go), conf.
 """
 
 from django import template
 from django.urls import reverse
+
+from ..conf import setting
 
 register = template.Library()
 
@@ -18,6 +22,7 @@ def needs_attention(context):
     counts = attention(request.user)
     links = {
         "incomplete_runs": reverse("admin:cleanup_run_changelist") + "?cleanup_status__exact=incomplete",
+        "running_runs": reverse("admin:cleanup_run_changelist") + "?status__exact=running",
         "retrying": filtered("resource", needs="retrying"),
         "waiting": filtered("resource", needs="waiting"),
         "modules_down": filtered("modulehealth", state__exact="down"),
@@ -33,3 +38,16 @@ def alerts_nowhere():
     from ..alerts import nowhere
 
     return {"nowhere": nowhere()}
+
+
+@register.inclusion_tag("admin/cleanup/live_now.html", takes_context=True)
+def live_now(context):
+    from ..admin.live import live_now as running
+
+    return running(context["request"])
+
+
+@register.inclusion_tag("admin/cleanup/live_bar.html")
+def live_bar(src):
+    """The bar of a page that stays current: reads ``src`` every EVENT_ADMIN_REFRESH_S while live."""
+    return {"src": src, "every": setting("EVENT_ADMIN_REFRESH_S")}

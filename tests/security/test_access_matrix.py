@@ -117,6 +117,8 @@ SITE = {
     "admin/r/<path:content_type_id>/<path:object_id>/": (ADMIN_STAFF, ALL),
     "admin/^(?P<app_label>auth|authtoken|django_q|cleanup)/$": (ADMIN_STAFF, ALL),
     "admin/(?P<url>.*)$": (ADMIN_STAFF, ALL),
+    # The index's live fragment: any active staff member; each count is its permission's.
+    "admin/cleanup/run/live-index/": (ADMIN_STAFF, ALL),
 }
 
 
@@ -159,6 +161,9 @@ def page_of(route, name):
             "<path:object_id>/delete/": "delete",
             "<id>/password/": "password",
             "mark-down/": "mark_down",
+            # The live fragments a page reads again (cleanup.admin.live): the list's and the run's.
+            "live/": "changelist",
+            "<int:object_id>/live/": "redirect",
         }.get(rest)
         if page:
             return ("model", found["app"], found["model"], page)
