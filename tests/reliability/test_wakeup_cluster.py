@@ -16,12 +16,11 @@ from unittest import mock
 import pytest
 import redis
 from django.conf import settings
-from django.utils import timezone
 from django_q.models import Success
 
 from cleanup import outages, registry
 from cleanup.enqueue import WAKE
-from cleanup.models import Resource, ResourceState, Run, RunStatus, Step, StepStatus
+from cleanup.models import ModuleEvent, Resource, ResourceState, Run, RunStatus, Step, StepStatus
 from cleanup.runner import start_run
 from tests.fakes import make_rows, make_run, make_step
 from tests.reliability.harness import PG_PROCESSES
@@ -120,8 +119,9 @@ def test_a_persons_mark_up_resumes_the_held_step_and_the_waiting_rows_within_sec
     )
     time.sleep(2)  # the cluster idle, the backend held down
 
-    marked_up = timezone.now()
     as_the_site(workers, cluster_env, "from cleanup import outages; outages.mark_up('rel', by='alice')")
+    # From the moment of the mark-up, as the modules' log has it (not the start of the process that made it).
+    marked_up = ModuleEvent.objects.get(module="rel", kind="module.up").at
 
     def resumed():
         done = Step.objects.filter(pk=step.pk, status=StepStatus.DONE).exists()
