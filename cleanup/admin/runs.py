@@ -1,8 +1,9 @@
 """The runs' pages: the list of runs, a run's page (timeline, rows, plan, steps, log), the steps, the run log.
 
-A run changes only through its actions (clean up now, cancel), each confirmed on a page of
-its own. May import the engine (manual, runner, plan, sweep, timeline), models, conf and
-`.lists`; nothing imports it but the package, which Django's admin autodiscovery imports.
+A run changes only through its actions (start, run again, end now, clean up now, cancel),
+each confirmed on a page of its own; a run is never deleted. May import the engine (manual,
+runner, plan, sweep, timeline), models, conf, `.lists` and `.starting` (the start, run-again
+and end pages); nothing imports it but the package, which Django's admin autodiscovery imports.
 """
 
 from django.contrib import admin, messages
@@ -37,6 +38,7 @@ from .lists import (
     site_backends,
     when,
 )
+from .starting import RunStartAdmin, give_back_preview
 
 # How much of a run its page shows; the rest is one link away, in the filtered lists.
 PAGE_ROWS = 50
@@ -47,7 +49,7 @@ ERROR_CHARS = 70
 
 
 @admin.register(Run)
-class RunAdmin(PersonActionsAdmin):
+class RunAdmin(RunStartAdmin, PersonActionsAdmin):
     list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "cleanup_status"]
@@ -165,14 +167,13 @@ class RunAdmin(PersonActionsAdmin):
             },
             "can_clean_up": self.has_cleanup_run_permission(request),
             "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
+            "can_start": self.has_add_permission(request),
             "max_attempts": max_attempts,
         }
 
     def has_delete_permission(self, request, obj=None):
-        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
-        if obj is None or not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists():
-            return False
-        return request.user.has_perm("cleanup.delete_run")
+        # Deleting a run would delete its ledger, the record of what it took and gave back.
+        return False
 
     def has_cancel_permission(self, request):
         return request.user.has_perm("cleanup.change_run")
@@ -244,6 +245,7 @@ class RunAdmin(PersonActionsAdmin):
                     "refusal": None
                     if r.status == RunStatus.RUNNING
                     else f"run {r.pk} has already ended ({r.status}); nothing to cancel",
+                    **(give_back_preview(r) if cleanup and r.status == RunStatus.RUNNING else {}),
                 }
                 for r in runs[:PAGE_ROWS]
             ]
@@ -259,6 +261,8 @@ class RunAdmin(PersonActionsAdmin):
             self.log_change(request, run, f"{title}")
         if done:
             self.message_user(request, f"Cancelled {done} run(s).", messages.SUCCESS)
+        if len(runs) == 1:
+            return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
         return None
 
     def confirm(self, request, runs, action, title, preview, **extra):
