@@ -206,7 +206,7 @@ def test_end_now_lists_what_will_be_given_back_and_needs_change_run(client, hold
     assert "It holds 3 row(s)" in page
     assert "orc-1, orc-2" in page and "test.spawn.revert" in page
     assert "back to 1.0 (now 5.0)" in page, "the lease's restore is not listed"
-    assert "1 step(s) not yet performed will not run" in page
+    assert "1 step(s) not yet finished will not be performed" in page
     assert 'id="confirm-end"' in page
     holding_run.refresh_from_db()
     assert holding_run.status == RunStatus.RUNNING, "ended before it was confirmed"

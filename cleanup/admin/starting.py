@@ -24,7 +24,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from .. import registry, validation
-from ..models import UNRESOLVED, Resource, Run, RunStatus, Step, StepStatus
+from ..models import STEP_KIND, UNRESOLVED, Resource, Run, RunStatus, Step, StepStatus
 from ..plan import cleanup_plan
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run, validate_spec
 from .lists import actor
@@ -285,11 +285,17 @@ def runner_check(name, lines):
 
 def give_back_preview(run):
     """What a run's cleanup would give back now: its unresolved rows, group by group
-    (the cleanup plan, capped), and the steps that will not be performed."""
-    unresolved = Resource.objects.filter(run=run, state__in=UNRESOLVED).count()
+    (the cleanup plan, capped; a step's placeholder shown only when nothing else of its
+    step is recorded), and the steps that will not be performed."""
+    unresolved = Resource.objects.filter(run=run, state__in=UNRESOLVED).exclude(kind=STEP_KIND)
+    plan = []
+    for group in cleanup_plan(run, max_rows=SHOWN_ROWS):
+        things = [r for r in group["rows"] if r["kind"] != STEP_KIND]
+        plan.append({**group, "rows": things, "unrecorded": not things})
+    count = unresolved.count()
     return {
-        "unresolved": unresolved,
-        "plan": cleanup_plan(run, max_rows=SHOWN_ROWS),
-        "plan_capped": unresolved > SHOWN_ROWS,
-        "not_performed": Step.objects.filter(run=run, status=StepStatus.PENDING).count(),
+        "unresolved": count,
+        "plan": plan,
+        "plan_capped": count > SHOWN_ROWS,
+        "not_performed": Step.objects.filter(run=run, status__in=[StepStatus.PENDING, StepStatus.RUNNING]).count(),
     }
