@@ -43,6 +43,8 @@ def installed():
     def entry(item, kind):
         doc = inspect.getdoc(type(item)) or ""
         first = doc.split("\n\n")[0].replace("\n", " ").strip()
+        # "``sandbox.spawn``: ``{…}``": the id is in its own column already.
+        first = first.removeprefix(f"``{item.id}``:").strip()
         text = _CODE.sub(lambda m: f"<code>{m[1]}</code>", str(escape(first)))
         return {"id": item.id, "module": item.module, "kind": kind, "doc": mark_safe(text)}  # escaped above
 
