@@ -277,7 +277,7 @@ def _legend():
         ("#205067", "taken"),
         ("#447e36", "given back / completed"),
         ("#8e44ad", "waived"),
-        (OUTAGE_FILL, "backend down"),
+        (OUTAGE_FILL, "outage"),
         ("#ba2121", "failed attempt"),
         ("#205067", "retry (triangle)"),
         ("#e07000", "gave up"),
