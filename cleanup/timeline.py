@@ -1,8 +1,11 @@
 """A picture of one run, drawn on the server as SVG: no script, nothing from elsewhere.
 
-From left to right, the run's life: when each step was performed (or failed), how many
-resources it held as they were taken and given back, each failed cleanup attempt, a
-person's retries, and the moment the cleanup gave up or completed. The queries are a
+From left to right, the run's life: when each step was performed (or failed), each set
+apart from one that ended in the same moment; how many resources it took, and how many
+were given back, waived or found gone, each its own curve drawn on to the right edge so
+a give-back at the very end is seen; the outages of the backends it used, as bands; each
+failed cleanup attempt, a person's retries, and the moment the cleanup gave up or
+completed. It is drawn in a viewBox and scales to the page's width. The queries are a
 fixed few whatever the run's size: the curves are counted per time slice in one
 aggregate, and the markers are capped.
 May import: the models only. Reads only.
@@ -15,12 +18,28 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from .models import RESOLVED, STEP_KIND, CleanupStatus, LogKind, Resource, RunLog, Step
+from .models import (
+    STEP_KIND,
+    CleanupStatus,
+    LogKind,
+    ModuleEvent,
+    ModuleEventKind,
+    Resource,
+    ResourceState,
+    RunLog,
+    Step,
+    backend_name,
+)
 
-WIDTH, HEIGHT = 960, 250
-LEFT, RIGHT = 56, 16
-STEPS_Y, CHART_TOP, CHART_BOTTOM, CLEANUP_Y = 26, 48, 168, 190
-SLICES = 32
+# The picture is drawn in these units and scaled to the page's width (viewBox, width 100%).
+WIDTH, HEIGHT = 1200, 262
+LEFT, RIGHT = 56, 120  # the right margin carries each curve's final count
+STEPS_Y, CHART_TOP, CHART_BOTTOM, CLEANUP_Y = 24, 60, 176, 198
+SLICES = 64
+# Past the last moment, the curves go on at their final level, so a give-back at the very
+# end is seen as a line of its own, not hidden under the completion bar.
+TAIL = 0.05
+DOT, LANES = 5, 3
 MARKERS = 300
 MARKED = {
     LogKind.CLEANUP_FAILED: ("failed attempt", "#ba2121"),
@@ -31,6 +50,14 @@ MARKED = {
     LogKind.RUN_CANCELLED: ("run cancelled", "#666"),
     LogKind.RUN_ABORTED: ("run aborted", "#666"),
 }
+# The curves: what the run took, and how each row left the ledger, apart.
+CURVES = [
+    ("taken", None, "#205067", ""),
+    ("given back", ResourceState.REVERTED, "#447e36", ""),
+    ("waived", ResourceState.WAIVED, "#8e44ad", "6,3"),
+    ("gone from the world", ResourceState.ORPHANED, "#888", "2,3"),
+]
+OUTAGE_FILL = "#f5c542"
 
 
 def svg(run):
@@ -43,39 +70,57 @@ def svg(run):
         end = max(end, timezone.now())
     length = max((end - start).total_seconds(), 1.0)
     end = start + timedelta(seconds=length)
+    shown = length * (1 + TAIL)
 
     def x(t):
-        return LEFT + (WIDTH - LEFT - RIGHT) * min(max((t - start).total_seconds() / length, 0), 1)
+        return LEFT + (WIDTH - LEFT - RIGHT) * min(max((t - start).total_seconds() / shown, 0), 1)
 
     cuts = [start + timedelta(seconds=length * i / SLICES) for i in range(SLICES + 1)]
     counts = rows.aggregate(
         **{f"t{i}": Count("id", filter=Q(created_at__lte=c)) for i, c in enumerate(cuts)},
-        **{f"g{i}": Count("id", filter=Q(state__in=RESOLVED, resolved_at__lte=c)) for i, c in enumerate(cuts)},
+        **{
+            f"{state}{i}": Count("id", filter=Q(state=state, resolved_at__lte=c))
+            for _, state, _, _ in CURVES[1:]
+            for i, c in enumerate(cuts)
+        },
     )
-    taken = [counts[f"t{i}"] for i in range(SLICES + 1)]
-    given = [counts[f"g{i}"] for i in range(SLICES + 1)]
-    top = max(max(taken), 1)
+    curves = []
+    for name, state, color, dash in CURVES:
+        values = [counts[f"{state or 't'}{i}"] for i in range(SLICES + 1)]
+        if state is None or values[-1] or state == ResourceState.REVERTED:
+            curves.append((name, values, color, dash))
+    top = max(max(curves[0][1]), 1)
 
     def y(n):
         return CHART_BOTTOM - (CHART_BOTTOM - CHART_TOP) * n / top
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
-        'role="img" aria-label="timeline of the run" font-family="sans-serif" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" '
+        'preserveAspectRatio="xMinYMin meet" role="img" aria-label="timeline of the run" '
+        'font-family="sans-serif" font-size="11">',
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+    ]
+    # Bands first: everything else is drawn over them.
+    parts += _outages(run, start, start + timedelta(seconds=shown), x)
+    parts += [
         _label(4, STEPS_Y + 4, "steps"),
         _label(4, (CHART_TOP + CHART_BOTTOM) / 2, "rows"),
         _label(4, CLEANUP_Y + 4, "cleanup"),
         f'<line x1="{LEFT}" y1="{CHART_BOTTOM}" x2="{WIDTH - RIGHT}" y2="{CHART_BOTTOM}" stroke="#999"/>',
         _label(LEFT - 4, y(top) + 4, str(top), anchor="end"),
         _label(LEFT - 4, CHART_BOTTOM + 4, "0", anchor="end"),
-        _steps_path(cuts, taken, x, y, "#205067", "taken"),
-        _steps_path(cuts, given, x, y, "#447e36", "given back"),
     ]
     parts += _step_marks(run, x)
     parts += _log_marks(run, x)
     if run.cleanup_status == CleanupStatus.COMPLETE and span["resolved"]:
         parts.append(_bar(x(span["resolved"]), "#447e36", f"cleanup complete at {_t(span['resolved'])}"))
+    # The curves over the bars, the give-backs over what was taken, each to the right edge.
+    tail = start + timedelta(seconds=shown)
+    ends = []
+    for name, values, color, dash in curves:
+        parts.append(_steps_path([*cuts, tail], [*values, values[-1]], x, y, color, name, dash))
+        ends.append((y(values[-1]), f"{name} {values[-1]}", color))
+    parts += _end_labels(ends, WIDTH - RIGHT + 6)
     for i, frac in enumerate((0, 0.5, 1)):
         at = start + timedelta(seconds=length * frac)
         anchor = ("start", "middle", "end")[i]
@@ -93,35 +138,99 @@ def _label(x, y, text, anchor="start", color="#333"):
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{color}">{escape(text)}</text>'
 
 
-def _steps_path(cuts, values, x, y, color, name):
+def _steps_path(cuts, values, x, y, color, name, dash=""):
     points = []
     for i, (at, n) in enumerate(zip(cuts, values, strict=True)):
         if i:
             points.append(f"{x(at):.1f},{y(values[i - 1]):.1f}")
         points.append(f"{x(at):.1f},{y(n):.1f}")
     return (
-        f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(points)}">'
-        f"<title>{escape(name)}: {values[-1]}</title></polyline>"
+        f'<polyline class="curve" data-curve="{escape(name)}" fill="none" stroke="{color}" stroke-width="2"'
+        + (f' stroke-dasharray="{dash}"' if dash else "")
+        + f' points="{" ".join(points)}"><title>{escape(name)}: {values[-1]}</title></polyline>'
     )
 
 
 def _step_marks(run, x):
+    """A dot per step at the moment it finished (or started); steps that ended within a
+    dot's width of each other are set apart, on the next lane down or just to the right,
+    so each one is seen and hovered on its own."""
     marks = []
     steps = (
         Step.objects.filter(run=run)
         .order_by("position")
         .values_list("position", "action_id", "status", "finished_at", "started_at", "last_error")[:MARKERS]
     )
+    gap = 2 * DOT + 2
+    lanes = [float("-inf")] * LANES
     for position, action_id, status, finished, started, error in steps:
         at = finished or started
         if at is None:
             continue
-        color = "#ba2121" if status == "failed" else "#205067"
+        cx = x(at)
+        free = [i for i, last in enumerate(lanes) if cx - last >= gap]
+        lane = free[0] if free else min(range(LANES), key=lambda i: lanes[i])
+        if not free:
+            cx = min(lanes[lane] + gap, WIDTH - RIGHT)
+        lanes[lane] = cx
+        color = {"failed": "#ba2121", "cancelled": "#999"}.get(status, "#205067")
         text = f"step {position} {action_id}: {status} at {_t(at)}" + (f" ({error[:200]})" if error else "")
         marks.append(
-            f'<circle cx="{x(at):.1f}" cy="{STEPS_Y}" r="5" fill="{color}"><title>{escape(text)}</title></circle>'
+            f'<circle class="step" cx="{cx:.1f}" cy="{STEPS_Y + lane * (gap - 1)}" r="{DOT}" fill="{color}">'
+            f"<title>{escape(text)}</title></circle>"
         )
     return marks
+
+
+def _outages(run, start, end, x):
+    """A band for each outage of a backend the run's rows are on, while the run was drawn:
+    from its mark-down to its mark-up (or to the picture's end while it lasts)."""
+    pairs = set(Resource.objects.filter(run=run).order_by().values_list("module", "backend").distinct()[:50])
+    if not pairs:
+        return []
+    events = (
+        ModuleEvent.objects.filter(module__in={m for m, _ in pairs}, at__lte=end)
+        .order_by("-at", "-id")
+        .values_list("module", "backend", "kind", "at", "detail")[:MARKERS]
+    )
+    down, bands = {}, []
+    for module, backend, kind, at, detail in reversed(list(events)):
+        if (module, backend) not in pairs:
+            continue
+        if kind == ModuleEventKind.DOWN:
+            down.setdefault((module, backend), (at, detail))
+        elif (module, backend) in down:
+            since, why = down.pop((module, backend))
+            bands.append((module, backend, since, at, why, kind))
+    bands += [(m, b, since, None, why, None) for (m, b), (since, why) in down.items()]
+    out = []
+    for module, backend, since, until, why, kind in bands:
+        if until is not None and until < start:
+            continue
+        left, right = x(since), x(until or end)
+        name = backend_name(module, backend)
+        reason = why.get("reason") or why.get("error") or "" if isinstance(why, dict) else ""
+        ended = f" to {_t(until)}" + (" (waiting given up)" if kind == ModuleEventKind.GAVE_UP else "")
+        text = (
+            f"{name} down from {_t(since)}" + (ended if until else ", still down") + (f": {reason}" if reason else "")
+        )
+        out.append(
+            f'<rect class="outage" x="{left:.1f}" y="{STEPS_Y - 10}" width="{max(right - left, 2):.1f}" '
+            f'height="{CLEANUP_Y + 8 - STEPS_Y + 10}" fill="{OUTAGE_FILL}" fill-opacity="0.3">'
+            f"<title>{escape(text[:300])}</title></rect>"
+        )
+        out.append(_label(left + 3, CHART_TOP - 14, f"{name} down", color="#8a6d00"))
+    return out
+
+
+def _end_labels(ends, left):
+    """Each curve's final count at the right edge, moved apart when two would overlap."""
+    out, last = [], None
+    for level, text, color in sorted(ends):
+        at = level + 4 if last is None else max(level + 4, last + 12)
+        last = at
+        out.append(_label(left, at, text, color=color))
+    return out
 
 
 def _log_marks(run, x):
@@ -167,6 +276,8 @@ def _legend():
     items = [
         ("#205067", "taken"),
         ("#447e36", "given back / completed"),
+        ("#8e44ad", "waived"),
+        (OUTAGE_FILL, "outage"),
         ("#ba2121", "failed attempt"),
         ("#205067", "retry (triangle)"),
         ("#e07000", "gave up"),

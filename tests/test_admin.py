@@ -142,7 +142,7 @@ def test_cancel_is_confirmed_ends_running_runs_and_reports_ended_ones(client):
     assert LogEntry.objects.get().object_id == str(running.pk)
 
 
-def test_a_run_that_owes_something_cannot_be_deleted_and_the_ledger_never_can(client, failed_run):
+def test_no_run_is_ever_deleted_nor_any_ledger_row(client, failed_run):
     user = User.objects.create_superuser("root", password="pw-123456789")
     client.force_login(user)
     assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 403
@@ -150,8 +150,11 @@ def test_a_run_that_owes_something_cannot_be_deleted_and_the_ledger_never_can(cl
     assert client.get(reverse("admin:cleanup_resource_delete", args=[row.pk])).status_code == 403
     assert b"delete_selected" not in client.get(reverse("admin:cleanup_run_changelist")).content
 
+    # Not even an ended run that owes nothing: its ledger is the record of what it did.
     Resource.objects.update(state="reverted")
-    assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 200
+    assert client.get(reverse("admin:cleanup_run_delete", args=[failed_run.pk])).status_code == 403
+    page = client.get(reverse("admin:cleanup_run_change", args=[failed_run.pk])).content
+    assert b"deletelink" not in page
 
 
 def test_run_and_row_pages_are_read_only(client, failed_run):

@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.views.decorators.http import require_safe
 
 from .. import validation
 from ..conf import max_revert_attempts
@@ -157,7 +158,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         return super().changelist_view(request, {"live_src": live_src, **(extra_context or {})})
 
     def get_urls(self):
-        view = self.admin_site.admin_view(self.live_rows)
+        view = self.admin_site.admin_view(require_safe(self.live_rows))  # read, never written to
         view.model_admin = self  # the input guard checks its query as any page's of this admin
         return [path("live/", view, name="cleanup_resource_live"), *super().get_urls()]
 

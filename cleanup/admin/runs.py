@@ -1,8 +1,9 @@
 """The runs' pages: the list of runs, a run's page (timeline, rows, plan, steps, log), the steps, the run log.
 
-A run changes only through its actions (clean up now, cancel), each confirmed on a page of
-its own. May import the engine (manual, runner, plan, sweep, timeline), models, conf and
-`.lists`; nothing imports it but the package, which Django's admin autodiscovery imports.
+A run changes only through its actions (start, run again, end now, clean up now, cancel),
+each confirmed on a page of its own; a run is never deleted. May import the engine (manual,
+runner, plan, sweep, timeline), models, conf, `.lists` and `.starting` (the start, run-again
+and end pages); nothing imports it but the package, which Django's admin autodiscovery imports.
 """
 
 from django.contrib import admin, messages
@@ -15,6 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.views.decorators.http import require_safe
 
 from .. import timeline
 from ..conf import max_revert_attempts, setting
@@ -41,6 +43,7 @@ from .lists import (
     when,
 )
 from .logtext import details, sentence
+from .starting import RunStartAdmin, give_back_preview
 from .summaries import row_what
 
 # How much of a run its page shows; the rest is one link away, in the filtered lists.
@@ -52,7 +55,7 @@ ERROR_CHARS = 70
 
 
 @admin.register(Run)
-class RunAdmin(PersonActionsAdmin):
+class RunAdmin(RunStartAdmin, PersonActionsAdmin):
     list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "cleanup_status"]
@@ -89,9 +92,10 @@ class RunAdmin(PersonActionsAdmin):
         return format_html('<a href="{}" class="count-alert">{}</a>', link, obj._unresolved)
 
     def get_urls(self):
-        run = self.admin_site.admin_view(self.live_view)
+        # A fragment is read, never written to: GET and HEAD alone.
+        run = self.admin_site.admin_view(require_safe(self.live_view))
         run.model_admin = self  # the input guard checks its query as any page's of this admin
-        index = self.admin_site.admin_view(live.index_fragment)
+        index = self.admin_site.admin_view(require_safe(live.index_fragment))
         return [
             path("<int:object_id>/live/", run, name="cleanup_run_live"),
             path("live-index/", index, name="cleanup_live_index"),
@@ -150,6 +154,7 @@ class RunAdmin(PersonActionsAdmin):
             "see_log": see_log,
             "can_clean_up": self.has_cleanup_run_permission(request),
             "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
+            "can_start": self.has_add_permission(request),
             "waiting": WAITING,
         }
         steps = list(Step.objects.filter(run=run).order_by("position")[:PAGE_STEPS])
@@ -241,10 +246,8 @@ class RunAdmin(PersonActionsAdmin):
         }
 
     def has_delete_permission(self, request, obj=None):
-        # Deleting a run deletes its ledger: only an ended run that owes nothing may go.
-        if obj is None or not obj.is_terminal or obj.resources.filter(state__in=UNRESOLVED).exists():
-            return False
-        return request.user.has_perm("cleanup.delete_run")
+        # Deleting a run would delete its ledger, the record of what it took and gave back.
+        return False
 
     def has_cancel_permission(self, request):
         return request.user.has_perm("cleanup.change_run")
@@ -316,6 +319,7 @@ class RunAdmin(PersonActionsAdmin):
                     "refusal": None
                     if r.status == RunStatus.RUNNING
                     else f"run {r.pk} has already ended ({r.status}); nothing to cancel",
+                    **(give_back_preview(r) if cleanup and r.status == RunStatus.RUNNING else {}),
                 }
                 for r in runs[:PAGE_ROWS]
             ]
@@ -331,6 +335,8 @@ class RunAdmin(PersonActionsAdmin):
             self.log_change(request, run, f"{title}")
         if done:
             self.message_user(request, f"Cancelled {done} run(s).", messages.SUCCESS)
+        if len(runs) == 1:
+            return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
         return None
 
     def confirm(self, request, runs, action, title, preview, **extra):

@@ -118,7 +118,7 @@ SITE = {
     "admin/^(?P<app_label>auth|authtoken|django_q|cleanup)/$": (ADMIN_STAFF, ALL),
     "admin/(?P<url>.*)$": (ADMIN_STAFF, ALL),
     # The index's live fragment: any active staff member; each count is its permission's.
-    "admin/cleanup/run/live-index/": (ADMIN_STAFF, ALL),
+    "admin/cleanup/run/live-index/": (ADMIN_STAFF, {"GET", "HEAD"}),
 }
 
 
@@ -162,8 +162,11 @@ def page_of(route, name):
             "<id>/password/": "password",
             "mark-down/": "mark_down",
             # The live fragments a page reads again (cleanup.admin.live): the list's and the run's.
-            "live/": "changelist",
-            "<int:object_id>/live/": "redirect",
+            "live/": "live",
+            "<int:object_id>/live/": "live",
+            # Run again (add_run beside view_run) and End now (change_run): their own rows below.
+            "<int:object_id>/again/": "again",
+            "<int:object_id>/end/": "end",
         }.get(rest)
         if page:
             return ("model", found["app"], found["model"], page)
@@ -227,7 +230,7 @@ def concrete(route, page, site):
     """The route with every parameter filled with something that exists."""
     if page[0] == "model":
         object_id = site["ids"][page[1], page[2]]
-        path = re.sub(r"<path:object_id>|<id>", str(object_id), route)
+        path = re.sub(r"<(?:path|int):object_id>|<id>", str(object_id), route)
     else:
         path = route.replace("<path:content_type_id>/<path:object_id>", "1/1")
         path = path.replace("^(?P<app_label>auth|authtoken|django_q|cleanup)/$", "cleanup/")
@@ -284,8 +287,16 @@ def expected(role, page, method):
     needs = ADMIN_MODELS[app, model]
     may_view = superuser or (needs is not None and needs in perms)
     if app == "cleanup":
+        if (model, kind) == ("run", "add"):  # "Start a run…"
+            return "allowed" if superuser or "add_run" in perms else "refused"
+        if kind == "again":  # "Run again…": the run is read, a new one started
+            return "allowed" if superuser or {"view_run", "add_run"} <= perms else "refused"
+        if kind == "end":  # "End now…", as the API's cancel
+            return "allowed" if superuser or {"view_run", "change_run"} <= perms else "refused"
+        if kind == "live":  # a page's fragment, read again: GET alone
+            return "allowed" if may_view and method in ("GET", "HEAD") else "refused"
         if kind in ("add", "delete"):
-            return "refused"  # nothing adds or deletes our rows here
+            return "refused"  # nothing else adds, and nothing deletes, our rows here
         if kind == "change" and method == "POST":
             return "refused"  # read-only: no Save
         if kind == "mark_down":
