@@ -1,11 +1,11 @@
 """The events API, included by the site under ``/api/events/``.
 
-May import: the API's views.
+May import: the API's views (`views`, `module_views`, `feed`).
 """
 
 from django.urls import path
 
-from . import module_views, views
+from . import feed, module_views, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="events-runs"),
@@ -38,4 +38,5 @@ urlpatterns = [
         name="events-backend-reconcile",
     ),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
+    path("changes/", feed.ChangesView.as_view(), name="events-changes"),
 ]
