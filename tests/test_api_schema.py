@@ -133,6 +133,13 @@ def wsgi_keeps_the_test_connection():
         signal.connect(close_old_connections)
 
 
+def without_made_up_cursor(case):
+    """A cursor is opaque: one the list did not give is refused (400), so none is made up."""
+    if case.query:
+        case.query.pop("cursor", None)
+    return case
+
+
 @pytest.fixture
 def waits_pass_at_once(monkeypatch):
     """The feed's long-polls (`?wait=` up to 30 s) wait on a clock that each pause moves on."""
@@ -158,7 +165,7 @@ def test_every_get_answers_without_5xx_and_as_the_schema_says(
         operation = result.ok()
         walked.append(operation.path)
 
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy().map(without_made_up_cursor))
         @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         def conforms(case):
             case.call_and_validate(headers=headers)

@@ -190,6 +190,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first."""
 
     serializer_class = s.ModuleEventSerializer
+    default_ordering = "-at"
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
 
     def get_queryset(self):
@@ -212,6 +213,7 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first; a module never known answers 404."""
 
     serializer_class = s.ModuleEventSerializer
+    default_ordering = "-at"
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
 
     @extend_schema(operation_id="events_module_log_list")

@@ -4,14 +4,16 @@ May import: the engine's entry points, the models, `calls` (a backend's name), `
 queueing, the API's own modules.
 """
 
+from datetime import UTC
+
 from django.db.models import Count, Q
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
+from django.utils.dateparse import parse_datetime
 from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import APIException, NotFound, ValidationError
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,7 +27,9 @@ from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import serializers as s
+from .conditional import IF_NONE_MATCH, NOT_MODIFIED, ETagged
 from .errors import NOT_FOUND
+from .pages import CursorPage
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 
@@ -40,12 +44,6 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
-class Page(PageNumberPagination):
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
-
-
 class EventsAPI:
     # Staff only, JSON in and out; `required_perms` names each method's permissions. (A
     # comment, not a docstring: the schema would show it as every endpoint's description.)
@@ -53,8 +51,11 @@ class EventsAPI:
     permission_classes = [StaffWithPermissions]
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
-    pagination_class = Page
+    pagination_class = CursorPage
     required_perms = {}
+    # A list's order (`cleanup.api.pages`): the default, and what ?ordering= may ask for.
+    default_ordering = "id"
+    orderings = ()
 
 
 def actor(request):
@@ -114,6 +115,36 @@ def by_backend(queryset, params):
     return queryset.filter(backend=backend) if backend_name_ok(backend) else queryset.none()
 
 
+# What ?ordering= may ask of runs and ledger rows; ties go by id.
+ORDERINGS = ("id", "-id", "updated_at", "-updated_at")
+
+
+def by_updated_since(queryset, params):
+    """``queryset`` narrowed to the rows changed at or after ``?updated_since=`` (RFC 3339, with its zone)."""
+    value = params.get("updated_since")
+    if value is None:
+        return queryset
+    try:
+        when = parse_datetime(value)
+        # In UTC: the database refuses some offsets a string can carry (-22:38).
+        when = when.astimezone(UTC) if when is not None and when.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        when = None
+    if when is None:
+        raise ValidationError(
+            {"updated_since": [f"a time in RFC 3339 with its zone, such as 2026-12-01T18:00:00Z, got {value!r}"]}
+        )
+    return queryset.filter(updated_at__gte=when)
+
+
+UPDATED_SINCE = OpenApiParameter(
+    "updated_since",
+    {"type": "string", "format": "date-time"},
+    description="Only those changed at or after this time (RFC 3339, with its zone). "
+    "For exactly what happened since a moment, read the change feed instead.",
+)
+
+
 # -- the schema's shared parts ----------------------------------------------------------
 
 FIELD_ERRORS = OpenApiResponse(
@@ -163,9 +194,12 @@ class RunListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.RunSerializer
     required_perms = {"GET": ["cleanup.view_run"], "POST": ["cleanup.add_run"]}
+    default_ordering = "-id"
+    orderings = ORDERINGS
 
     def get_queryset(self):
-        return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
+        params = self.request.query_params
+        return by_updated_since(by_choices(runs(), params, status=RunStatus, cleanup_status=CleanupStatus), params)
 
     def get_serializer_class(self):
         # OPTIONS describes the POST input with this, not the runs it lists.
@@ -176,6 +210,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
         parameters=[
             choice_param("status", RunStatus, "Only runs in this status."),
             choice_param("cleanup_status", CleanupStatus, "Only runs in this cleanup status."),
+            UPDATED_SINCE,
         ],
         responses={200: s.RunSerializer(many=True), **errors(400, 404)},
     )
@@ -201,8 +236,13 @@ class RunListView(EventsAPI, generics.ListAPIView):
         return Response(s.RunDetailSerializer(get_run(run.pk)).data, status=status.HTTP_201_CREATED)
 
 
-@extend_schema(tags=["runs"], summary="A run with its steps", responses={200: s.RunDetailSerializer, **errors(404)})
-class RunDetailView(EventsAPI, generics.RetrieveAPIView):
+@extend_schema(
+    tags=["runs"],
+    summary="A run with its steps",
+    parameters=[IF_NONE_MATCH],
+    responses={200: s.RunDetailSerializer, 304: NOT_MODIFIED, **errors(404)},
+)
+class RunDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
     """Needs `cleanup.view_run`."""
 
     serializer_class = s.RunDetailSerializer
@@ -285,7 +325,7 @@ class RunCleanupPlanView(EventsAPI, APIView):
 @extend_schema(
     tags=["runs"],
     summary="A run's ledger rows",
-    parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM],
+    parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM, UPDATED_SINCE],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
 class RunResourcesView(EventsAPI, generics.ListAPIView):
@@ -293,11 +333,13 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    orderings = ORDERINGS
 
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
-        rows = run.resources.select_related("run").order_by("id")
-        return by_backend(by_choices(rows, self.request.query_params, state=ResourceState), self.request.query_params)
+        params = self.request.query_params
+        rows = by_updated_since(run.resources.select_related("run"), params)
+        return by_backend(by_choices(rows, params, state=ResourceState), params)
 
 
 @extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
@@ -324,6 +366,7 @@ class RunLogView(EventsAPI, generics.ListAPIView):
         OpenApiParameter(
             "run", {"type": "integer", "minimum": 1, "maximum": MAX_ID}, description="Only rows of this run."
         ),
+        UPDATED_SINCE,
     ],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
@@ -332,10 +375,12 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
+    orderings = ORDERINGS
 
     def get_queryset(self):
         params = self.request.query_params
-        rows = by_choices(Resource.objects.select_related("run").order_by("id"), params, state=ResourceState)
+        rows = by_choices(Resource.objects.select_related("run"), params, state=ResourceState)
+        rows = by_updated_since(rows, params)
         if "module" in params:
             # No row can hold a NUL, and PostgreSQL refuses one in a query.
             rows = rows.none() if "\x00" in params["module"] else rows.filter(module=params["module"])
@@ -348,8 +393,13 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
         return rows
 
 
-@extend_schema(tags=["resources"], summary="One ledger row", responses={200: s.ResourceSerializer, **errors(404)})
-class ResourceDetailView(EventsAPI, generics.RetrieveAPIView):
+@extend_schema(
+    tags=["resources"],
+    summary="One ledger row",
+    parameters=[IF_NONE_MATCH],
+    responses={200: s.ResourceSerializer, 304: NOT_MODIFIED, **errors(404)},
+)
+class ResourceDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer
