@@ -178,3 +178,36 @@ def test_a_ledger_row_answers_an_etag_that_changes_when_it_is_waived(api):
     assert api.get(f"{API}resources/{row.pk}/", HTTP_IF_NONE_MATCH=tag).status_code == 304
     assert api.post(f"{API}resources/{row.pk}/waive/", {"reason": "gone"}, format="json").status_code == 200
     assert api.get(f"{API}resources/{row.pk}/", HTTP_IF_NONE_MATCH=tag).status_code == 200
+
+
+# -- the cleanup plan -------------------------------------------------------------------
+
+
+def test_the_cleanup_plan_is_paged_by_group_and_walked_once_while_rows_are_resolved(api):
+    from cleanup.plan import cleanup_plan
+    from tests.fakes import make_lease_row
+
+    run = make_run(status=RunStatus.ABORTED)
+    make_lease_row(run, baseline=1, applied=3)
+    steps = [make_step(run) for _ in range(4)]
+    for n, step in enumerate(steps):
+        make_rows(step, [f"orc-{n}-a", f"orc-{n}-b"], placeholder=False)
+    whole = cleanup_plan(run)
+    assert len(whole) == 5
+    first = api.get(f"{API}runs/{run.pk}/cleanup-plan/", {"page_size": 2})
+    assert first.status_code == 200 and 'rel="next"' in first["Link"]
+    body = first.json()
+    groups = body["groups"]
+    assert body["previous"] is None and len(groups) == 2
+    # A group already read is given back, and one not reached yet loses one of its two rows.
+    Resource.objects.filter(ref__startswith="orc-0-").update(state="reverted")
+    Resource.objects.filter(ref="orc-3-a").update(state="reverted")
+    url = body["next"]
+    while url:
+        body = api.get(url).json()
+        groups += body["groups"]
+        url = body["next"]
+    refs = [[r["ref"] for r in g["rows"]] for g in groups]
+    assert refs == [[r["ref"] for r in g["rows"]] for g in whole[:4]] + [["orc-3-b"]]
+    assert api.get(f"{API}runs/{run.pk}/cleanup-plan/", {"page_size": "501"}).status_code == 400
+    assert api.get(f"{API}runs/{run.pk}/cleanup-plan/", {"cursor": "x"}).status_code == 400

@@ -77,6 +77,51 @@ def decode(value, ordering):
     return direction, key
 
 
+def link(request, cursor):
+    """The URL of this list at ``cursor``, its other parameters kept; None without a cursor."""
+    if cursor is None:
+        return None
+    params = {k: v for k, v in request.query_params.items() if k != "cursor"}
+    params["cursor"] = cursor
+    return request.build_absolute_uri(request.path) + "?" + urlencode(params)
+
+
+def with_links(response, next_url, previous_url):
+    links = [f'<{url}>; rel="{rel}"' for url, rel in ((next_url, "next"), (previous_url, "prev")) if url]
+    if links:
+        response["Link"] = ", ".join(links)
+    return response
+
+
+def page_of_keys(keys, request, ordering):
+    """A page of ``keys``, a sorted list of ``(rank, id)``: ``(keys, next URL, previous URL)``.
+
+    For lists the engine computes (the cleanup plan's groups), paged as the others are.
+    """
+    size = page_size(request.query_params)
+    direction, key = FORWARD, None
+    if "cursor" in request.query_params:
+        direction, key = decode(request.query_params["cursor"], ordering)
+        if not isinstance(key[0], int) or isinstance(key[0], bool):
+            raise ValidationError({"cursor": [BAD_CURSOR]})
+        key = tuple(key)
+    if direction == FORWARD:
+        candidates = [k for k in keys if key is None or k > key]
+        page, more = candidates[:size], len(candidates) > size
+    else:
+        candidates = [k for k in keys if k < key]
+        page, more = candidates[-size:], len(candidates) > size
+    first = list(page[0]) if page else (list(key) if key else None)
+    last = list(page[-1]) if page else (list(key) if key else None)
+    if direction == FORWARD:
+        next_cursor = encode(ordering, FORWARD, last) if more else None
+        previous_cursor = encode(ordering, BACKWARD, first) if key is not None else None
+    else:
+        previous_cursor = encode(ordering, BACKWARD, first) if more else None
+        next_cursor = encode(ordering, FORWARD, last) if last is not None else None
+    return page, link(request, next_cursor), link(request, previous_cursor)
+
+
 class CursorPage(BasePagination):
     """``{"next", "previous", "results"}`` and a ``Link`` header, on a stable order."""
 
@@ -130,20 +175,11 @@ class CursorPage(BasePagination):
             return Q(**{f"id__{op}": pk})
         return Q(**{f"{self.field}__{op}": value}) | Q(**{self.field: value, f"id__{op}": pk})
 
-    def link(self, cursor):
-        if cursor is None:
-            return None
-        params = {k: v for k, v in self.request.query_params.items() if k != "cursor"}
-        params["cursor"] = cursor
-        return self.request.build_absolute_uri(self.request.path) + "?" + urlencode(params)
-
     def get_paginated_response(self, data):
-        next_url, previous_url = self.link(self.next), self.link(self.previous)
-        response = Response({"next": next_url, "previous": previous_url, "results": data})
-        links = [f'<{url}>; rel="{rel}"' for url, rel in ((next_url, "next"), (previous_url, "prev")) if url]
-        if links:
-            response["Link"] = ", ".join(links)
-        return response
+        next_url, previous_url = link(self.request, self.next), link(self.request, self.previous)
+        return with_links(
+            Response({"next": next_url, "previous": previous_url, "results": data}), next_url, previous_url
+        )
 
     def get_paginated_response_schema(self, schema):
         link = {"type": "string", "format": "uri", "nullable": True}

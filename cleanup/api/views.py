@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from ..calls import MAX_BACKEND, backend_name_ok
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
-from ..plan import cleanup_plan
+from ..plan import group_keys, plan_of_groups
 from ..reconcile import module_known
 from ..runner import RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
@@ -29,7 +29,7 @@ from ..tasks import queue_reconcile
 from . import serializers as s
 from .conditional import IF_NONE_MATCH, NOT_MODIFIED, ETagged
 from .errors import NOT_FOUND
-from .pages import CursorPage
+from .pages import CursorPage, page_of_keys, with_links
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 
@@ -143,6 +143,16 @@ UPDATED_SINCE = OpenApiParameter(
     description="Only those changed at or after this time (RFC 3339, with its zone). "
     "For exactly what happened since a moment, read the change feed instead.",
 )
+
+
+PLAN_PAGE_PARAMS = [
+    OpenApiParameter("cursor", str, description="Where the page starts: the `next` or `previous` of the page before."),
+    OpenApiParameter(
+        "page_size",
+        {"type": "integer", "minimum": 1, "maximum": 500},
+        description="Groups per page, 1 to 500 (default 50).",
+    ),
+]
 
 
 # -- the schema's shared parts ----------------------------------------------------------
@@ -306,7 +316,8 @@ class RunCleanupView(EventsAPI, APIView):
     parameters=[
         OpenApiParameter(
             "live", str, enum=["1", "true"], description="Also read each leased target's live value through its lease."
-        )
+        ),
+        *PLAN_PAGE_PARAMS,
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
 )
@@ -319,7 +330,10 @@ class RunCleanupPlanView(EventsAPI, APIView):
     def get(self, request, pk):
         run = get_object_or_404(Run, pk=pk)
         live = request.query_params.get("live") in ("1", "true")
-        return Response(s.CleanupPlanSerializer({"run": run.pk, "groups": cleanup_plan(run, live=live)}).data)
+        keys, next_url, previous_url = page_of_keys(group_keys(run), request, "plan")
+        groups = plan_of_groups(run, keys, live=live)
+        answer = {"run": run.pk, "next": next_url, "previous": previous_url, "groups": groups}
+        return with_links(Response(s.CleanupPlanSerializer(answer).data), next_url, previous_url)
 
 
 @extend_schema(
