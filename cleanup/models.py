@@ -510,10 +510,16 @@ class RunLog(models.Model):
     kind = models.CharField(max_length=64, choices=LogKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now, db_index=True)
+    # Its place in the change feed (`cleanup.feed`), given once it is committed.
+    seq = models.BigIntegerField(null=True, blank=True, unique=True, editable=False)
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["run", "kind"], name="runlog_run_kind_idx")]
+        indexes = [
+            models.Index(fields=["run", "kind"], name="runlog_run_kind_idx"),
+            # cleanup.feed.stamp: the entries not yet in the feed.
+            models.Index(fields=["id"], name="runlog_unfed_idx", condition=Q(seq__isnull=True)),
+        ]
 
     def __str__(self):
         return f"{self.run_id} {self.kind}"
@@ -620,6 +626,8 @@ class ModuleEvent(models.Model):
     # When a mail or webhook telling staff of it was accepted; null while none was (none
     # sent yet, or no destination set): only then were staff told.
     told_at = models.DateTimeField(null=True, blank=True)
+    # Its place in the change feed (`cleanup.feed`), given once it is committed.
+    seq = models.BigIntegerField(null=True, blank=True, unique=True, editable=False)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -627,6 +635,8 @@ class ModuleEvent(models.Model):
             models.Index(fields=["module", "-at"], name="module_event_idx"),
             # cleanup.alerts.notice_modules: changes staff were not yet told of.
             models.Index(fields=["id"], name="module_event_untold_idx", condition=Q(alerted_at__isnull=True)),
+            # cleanup.feed.stamp: the entries not yet in the feed.
+            models.Index(fields=["id"], name="module_event_unfed_idx", condition=Q(seq__isnull=True)),
         ]
 
     def __str__(self):
@@ -643,6 +653,19 @@ class Wake(models.Model):
 
     def __str__(self):
         return f"wake at {self.at}" if self.at else "no wake armed"
+
+
+class FeedSequence(models.Model):
+    """The change feed's one counter: the highest place given so far (`cleanup.feed`).
+
+    One row. Whoever gives places locks it first, so places are given one stamper at a
+    time, each to entries already committed, in increasing order.
+    """
+
+    last = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"feed at {self.last}"
 
 
 class AlertChannel(models.TextChoices):

@@ -21,6 +21,8 @@ import threading
 import time
 from collections import Counter
 
+from django.db.models import Q
+
 from . import calls, outages, registry
 from .conf import max_revert_attempts, setting
 from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState
@@ -81,6 +83,68 @@ def unread_ids(plan):
     return [
         entry["id"] for group in plan for entry in group["rows"] if "unread" in entry.get("lease", {}).get("live", {})
     ]
+
+
+# A group's key in the plan's order: leases first, then a step's rows, then loose rows.
+LEASE_GROUP, STEP_GROUP, LOOSE_GROUP = 0, 1, 2
+
+
+def group_keys(run):
+    """Every group of the run's unresolved rows, as ``(rank, id)`` in the plan's order.
+
+    A lease is its row's id; a step's rows, the step's id; a loose row, its own id. Reads
+    ids only, so a console can page through a plan of any size (`plan_of_groups`).
+    """
+    rows = Resource.objects.filter(run=run, state__in=UNRESOLVED).values_list("id", "kind", "step_id")
+    keys = set()
+    for pk, kind, step_id in rows:
+        if kind == LEASE_KIND:
+            keys.add((LEASE_GROUP, pk))
+        elif step_id is not None:
+            keys.add((STEP_GROUP, step_id))
+        else:
+            keys.add((LOOSE_GROUP, pk))
+    return sorted(keys)
+
+
+def plan_of_groups(run, keys, *, live=False):
+    """The plan of the groups ``keys`` (from `group_keys`) alone, in their order. Reads only."""
+    max_attempts = max_revert_attempts()
+    single = [pk for rank, pk in keys if rank != STEP_GROUP]
+    steps = [pk for rank, pk in keys if rank == STEP_GROUP]
+    rows = list(
+        Resource.objects.filter(run=run, state__in=UNRESOLVED)
+        .filter(Q(pk__in=single) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND)))
+        .select_related("step")
+        .order_by("id")
+    )
+    by_key = {}
+    for row in rows:
+        if row.kind == LEASE_KIND or row.step_id is None:
+            key = (LEASE_GROUP if row.kind == LEASE_KIND else LOOSE_GROUP, row.pk)
+        else:
+            key = (STEP_GROUP, row.step_id)
+        by_key.setdefault(key, []).append(row)
+    newer = _newer_leases(run, [r for r in rows if r.kind == LEASE_KIND])
+    down = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+    plan = []
+    for key in keys:
+        group = by_key.get(tuple(key))
+        if not group:
+            continue  # resolved since the keys were read
+        verb, problem = _verb(group[0])
+        entries = [_row(r, max_attempts, newer) for r in group]
+        waits = (group[0].module, group[0].backend) in down
+        plan.append(
+            {"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer, waits), "rows": entries}
+        )
+    if live:
+        values = read_live_many([(r.pk, r.ref, r.backend) for r in rows if r.kind == LEASE_KIND])
+        for group in plan:
+            for entry in group["rows"]:
+                if entry["id"] in values:
+                    entry["lease"]["live"] = values[entry["id"]]
+    return plan
 
 
 def _groups(rows):

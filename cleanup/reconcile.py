@@ -186,7 +186,7 @@ def _resurrect(name, mine):
         count += 1
         touched_runs.add(row.run_id)
     if touched_runs:
-        Run.objects.filter(pk__in=touched_runs).update(cleanup_status=CleanupStatus.PENDING)
+        Run.objects.filter(pk__in=touched_runs).update(cleanup_status=CleanupStatus.PENDING, updated_at=timezone.now())
     return count
 
 

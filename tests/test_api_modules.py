@@ -108,16 +108,17 @@ def test_the_log_lists_entries_newest_first_paginated_and_by_module(module):
     outages.mark_down("other", by="alice", reason="x")
     client = api_as("view_moduleevent")
     page = client.get(API + "modules/log/?page_size=4").json()
-    assert page["count"] == 7 and len(page["results"]) == 4 and page["next"]
+    assert len(page["results"]) == 4 and page["next"]
+    assert len(client.get(page["next"]).json()["results"]) == 3
     assert page["results"][0]["module"] == "other"
     ids = [e["id"] for e in page["results"]]
     assert ids == sorted(ids, reverse=True)
     one = client.get(API + "modules/test/log/").json()
-    assert one["count"] == 6 and {e["module"] for e in one["results"]} == {"test"}
+    assert len(one["results"]) == 6 and {e["module"] for e in one["results"]} == {"test"}
     assert [e["kind"] for e in one["results"]][:2] == ["module.up", "module.down"]
-    assert client.get(API + "modules/log/?module=other").json()["count"] == 1
+    assert len(client.get(API + "modules/log/?module=other").json()["results"]) == 1
     nul = client.get(API + "modules/log/?module=a%00b")
-    assert (nul.status_code, nul.json()["count"]) == (200, 0), "no module name holds a NUL: nothing matches"
+    assert (nul.status_code, nul.json()["results"]) == (200, []), "no module name holds a NUL: nothing matches"
     assert client.get(API + "modules/never-seen/log/").status_code == 404
 
 

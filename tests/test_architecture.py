@@ -28,6 +28,7 @@ ENGINE = (
     "cleanup.plan",
     "cleanup.timeline",
     "cleanup.alerts",
+    "cleanup.feed",
     "cleanup.validation",
     "cleanup.registry",
     "cleanup.enqueue",

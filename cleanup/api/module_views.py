@@ -191,6 +191,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first."""
 
     serializer_class = s.ModuleEventSerializer
+    default_ordering = "-at"
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
     filters = ("module", "backend")
 
@@ -214,6 +215,7 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
     """Needs `cleanup.view_moduleevent`. Newest first; a module never known answers 404."""
 
     serializer_class = s.ModuleEventSerializer
+    default_ordering = "-at"
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
     filters = ("backend",)
 

@@ -503,7 +503,9 @@ class PlanGroupSerializer(serializers.Serializer):
 
 class CleanupPlanSerializer(serializers.Serializer):
     run = serializers.IntegerField()
-    groups = PlanGroupSerializer(many=True)
+    next = serializers.URLField(allow_null=True, help_text="The next page of groups, null on the last.")
+    previous = serializers.URLField(allow_null=True, help_text="The page before, null on the first.")
+    groups = PlanGroupSerializer(many=True, help_text="This page's groups: leases, then steps' rows, then loose rows.")
     unread = serializers.ListField(
         child=serializers.IntegerField(),
         required=False,

@@ -3,12 +3,12 @@ the deprecated ``/api/events/`` (`legacy_urlpatterns`: the same views, without n
 ``reverse`` always answers the v1 URL; `cleanup.api.errors.ApiErrorsMiddleware` marks those
 answers deprecated).
 
-May import: the API's views.
+May import: the API's views (`views`, `module_views`, `feed`).
 """
 
 from django.urls import path
 
-from . import module_views, views
+from . import feed, module_views, views
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="events-runs"),
@@ -42,6 +42,7 @@ urlpatterns = [
         name="events-backend-reconcile",
     ),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
+    path("changes/", feed.ChangesView.as_view(), name="events-changes"),
 ]
 
 legacy_urlpatterns = [path(str(p.pattern), p.callback) for p in urlpatterns]

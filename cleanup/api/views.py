@@ -4,16 +4,17 @@ May import: the engine's entry points, the models, `calls` (a backend's name), `
 queueing, the API's own modules.
 """
 
+from datetime import UTC
 from urllib.parse import urlencode
 
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,15 +23,17 @@ from ..calls import MAX_BACKEND, backend_name_ok
 from ..feed import position
 from ..manual import request_cleanup, waive
 from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
-from ..plan import cleanup_plan, unread_ids
+from ..plan import group_keys, plan_of_groups, unread_ids
 from ..reconcile import module_known
 from ..runner import RunQuotaExceeded, RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
 from ..tasks import queue_reconcile
 from . import params
 from . import serializers as s
+from .conditional import IF_NONE_MATCH, NOT_MODIFIED, ETagged
 from .errors import Conflict, error_response
 from .idempotency import IdempotentPosts
+from .pages import CursorPage, page_of_keys, with_links
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 from .throttles import EventsThrottle, QuotaExceeded
@@ -38,12 +41,6 @@ from .throttles import EventsThrottle, QuotaExceeded
 # The largest id a BigAutoField holds: a foreign-key filter past it fails in the database
 # instead of matching nothing.
 MAX_ID = 2**63 - 1
-
-
-class Page(PageNumberPagination):
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 class EventsAPI(IdempotentPosts):
@@ -56,11 +53,14 @@ class EventsAPI(IdempotentPosts):
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = params.NoFormatParameter
-    pagination_class = Page
+    pagination_class = CursorPage
     required_perms = {}
     # The query parameters a GET takes besides the paginator's; any other answers 400
     # `unknown_parameter` (`params`).
     filters: tuple[str, ...] = ()
+    # A list's order (`cleanup.api.pages`): the default, and what ?ordering= may ask for.
+    default_ordering = "id"
+    orderings = ()
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
@@ -138,6 +138,46 @@ def by_backend(queryset, params):
     return queryset.filter(backend=backend) if backend_name_ok(backend) else queryset.none()
 
 
+# What ?ordering= may ask of runs and ledger rows; ties go by id.
+ORDERINGS = ("id", "-id", "updated_at", "-updated_at")
+
+
+def by_updated_since(queryset, params):
+    """``queryset`` narrowed to the rows changed at or after ``?updated_since=`` (RFC 3339, with its zone)."""
+    value = params.get("updated_since")
+    if value is None:
+        return queryset
+    try:
+        when = parse_datetime(value)
+        # In UTC: the database refuses some offsets a string can carry (-22:38).
+        when = when.astimezone(UTC) if when is not None and when.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        when = None
+    if when is None:
+        raise ValidationError(
+            {"updated_since": [f"a time in RFC 3339 with its zone, such as 2026-12-01T18:00:00Z, got {value!r}"]}
+        )
+    return queryset.filter(updated_at__gte=when)
+
+
+UPDATED_SINCE = OpenApiParameter(
+    "updated_since",
+    {"type": "string", "format": "date-time"},
+    description="Only those changed at or after this time (RFC 3339, with its zone). "
+    "For exactly what happened since a moment, read the change feed instead.",
+)
+
+
+PLAN_PAGE_PARAMS = [
+    OpenApiParameter("cursor", str, description="Where the page starts: the `next` or `previous` of the page before."),
+    OpenApiParameter(
+        "page_size",
+        {"type": "integer", "minimum": 1, "maximum": 500},
+        description="Groups per page, 1 to 500 (default 50).",
+    ),
+]
+
+
 # -- the schema's shared parts ----------------------------------------------------------
 
 
@@ -175,10 +215,13 @@ class RunListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.RunSerializer
     required_perms = {"GET": ["cleanup.view_run"], "POST": ["cleanup.add_run"]}
-    filters = ("status", "cleanup_status")
+    filters = ("status", "cleanup_status", "updated_since", "ordering")
+    default_ordering = "-id"
+    orderings = ORDERINGS
 
     def get_queryset(self):
-        return by_choices(runs(), self.request.query_params, status=RunStatus, cleanup_status=CleanupStatus)
+        params = self.request.query_params
+        return by_updated_since(by_choices(runs(), params, status=RunStatus, cleanup_status=CleanupStatus), params)
 
     def get_serializer_class(self):
         # OPTIONS describes the POST input with this, not the runs it lists.
@@ -189,6 +232,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
         parameters=[
             choice_param("status", RunStatus, "Only runs in this status."),
             choice_param("cleanup_status", CleanupStatus, "Only runs in this cleanup status."),
+            UPDATED_SINCE,
         ],
         responses={200: s.RunSerializer(many=True), **errors(400, 404)},
     )
@@ -220,8 +264,13 @@ class RunListView(EventsAPI, generics.ListAPIView):
         )
 
 
-@extend_schema(tags=["runs"], summary="A run with its steps", responses={200: s.RunDetailSerializer, **errors(404)})
-class RunDetailView(EventsAPI, generics.RetrieveAPIView):
+@extend_schema(
+    tags=["runs"],
+    summary="A run with its steps",
+    parameters=[IF_NONE_MATCH],
+    responses={200: s.RunDetailSerializer, 304: NOT_MODIFIED, **errors(404)},
+)
+class RunDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
     """Needs `cleanup.view_run`."""
 
     serializer_class = s.RunDetailSerializer
@@ -331,7 +380,8 @@ class RunWaiveView(EventsAPI, APIView):
             enum=["1", "true", "0", "false"],
             description="1 or true: also read each leased target's live value through its lease: at most "
             "EVENT_LIVE_READS_PER_REQUEST values, within EVENT_LIVE_READ_BUDGET_S; `unread` lists the others.",
-        )
+        ),
+        *PLAN_PAGE_PARAMS,
     ],
     responses={200: s.CleanupPlanSerializer, **errors(404)},
 )
@@ -340,20 +390,23 @@ class RunCleanupPlanView(EventsAPI, APIView):
     gives each back, its rows and their attempts left."""
 
     required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
-    filters = ("live",)
+    filters = ("live", "cursor", "page_size")
 
     def get(self, request, pk):
         live = params.flag(request.query_params, "live")
         run = get_object_or_404(Run, pk=pk)
-        plan = cleanup_plan(run, live=live)
-        answer = {"run": run.pk, "groups": plan, **({"unread": unread_ids(plan)} if live else {})}
-        return Response(s.CleanupPlanSerializer(answer).data)
+        keys, next_url, previous_url = page_of_keys(group_keys(run), request, "plan")
+        groups = plan_of_groups(run, keys, live=live)
+        answer = {"run": run.pk, "next": next_url, "previous": previous_url, "groups": groups}
+        if live:
+            answer["unread"] = unread_ids(groups)
+        return with_links(Response(s.CleanupPlanSerializer(answer).data), next_url, previous_url)
 
 
 @extend_schema(
     tags=["runs"],
     summary="A run's ledger rows",
-    parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM],
+    parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM, UPDATED_SINCE],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
 class RunResourcesView(EventsAPI, generics.ListAPIView):
@@ -361,12 +414,14 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
-    filters = ("state", "backend")
+    filters = ("state", "backend", "updated_since", "ordering")
+    orderings = ORDERINGS
 
     def get_queryset(self):
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
-        rows = run.resources.select_related("run").order_by("id")
-        return by_backend(by_choices(rows, self.request.query_params, state=ResourceState), self.request.query_params)
+        params = self.request.query_params
+        rows = by_updated_since(run.resources.select_related("run"), params)
+        return by_backend(by_choices(rows, params, state=ResourceState), params)
 
 
 @extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
@@ -393,6 +448,7 @@ class RunLogView(EventsAPI, generics.ListAPIView):
         OpenApiParameter(
             "run", {"type": "integer", "minimum": 1, "maximum": MAX_ID}, description="Only rows of this run."
         ),
+        UPDATED_SINCE,
     ],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
@@ -401,11 +457,13 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
 
     serializer_class = s.ResourceSerializer
     required_perms = {"GET": ["cleanup.view_resource"]}
-    filters = ("state", "module", "backend", "run")
+    filters = ("state", "module", "backend", "run", "updated_since", "ordering")
+    orderings = ORDERINGS
 
     def get_queryset(self):
         params = self.request.query_params
-        rows = by_choices(Resource.objects.select_related("run").order_by("id"), params, state=ResourceState)
+        rows = by_choices(Resource.objects.select_related("run"), params, state=ResourceState)
+        rows = by_updated_since(rows, params)
         if "module" in params:
             # No row can hold a NUL, and PostgreSQL refuses one in a query.
             rows = rows.none() if "\x00" in params["module"] else rows.filter(module=params["module"])
@@ -418,8 +476,13 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
         return rows
 
 
-@extend_schema(tags=["resources"], summary="One ledger row", responses={200: s.ResourceSerializer, **errors(404)})
-class ResourceDetailView(EventsAPI, generics.RetrieveAPIView):
+@extend_schema(
+    tags=["resources"],
+    summary="One ledger row",
+    parameters=[IF_NONE_MATCH],
+    responses={200: s.ResourceSerializer, 304: NOT_MODIFIED, **errors(404)},
+)
+class ResourceDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer

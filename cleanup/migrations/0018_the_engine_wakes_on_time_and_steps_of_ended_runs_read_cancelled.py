@@ -24,7 +24,7 @@ def cancel_unfinished_steps(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0014_idempotency_keys_and_who_started_a_run'),
+        ('cleanup', '0015_the_change_feed'),
     ]
 
     operations = [

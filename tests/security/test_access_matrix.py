@@ -65,6 +65,7 @@ API = {
     "events-backend-up": {"POST": {"cleanup_run"}},
     "events-backend-reconcile": {"POST": {"cleanup_run"}},
     "events-summary": {"GET": {"view_run", "view_resource"}},
+    "events-changes": {"GET": {"view_runlog", "view_moduleevent"}},
     # The schema and its page: staff, no model permission.
     "schema": {"GET": set()},
     "api-docs": {"GET": set()},
