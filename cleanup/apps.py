@@ -1,6 +1,7 @@
 """The app's configuration: what happens when Django loads the app.
 
-It registers the system checks and the built-in actions, readies PostgreSQL connections
+It registers the system checks and the built-in actions, revokes a user's API tokens with
+the password (`api.tokens`), readies PostgreSQL connections
 for the pass's prepared statements, ensures the tick's schedule after `migrate`, and has
 a django-q2 worker that starts reconcile every module (rule 10).
 May import: anything of the app, lazily in `ready()`.
@@ -16,10 +17,12 @@ class CleanupConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.contrib.auth import get_user_model
         from django.db.backends.signals import connection_created
         from django_q.signals import post_spawn
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .api import tokens
         from .runner import register_builtins
         from .sweep.statements import ready_new_connection
         from .tasks import on_worker_start
@@ -28,6 +31,8 @@ class CleanupConfig(AppConfig):
         connection_created.connect(ready_new_connection, dispatch_uid="cleanup.ready_new_connection")
         post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
         register_builtins()
+        # A user's API tokens are revoked when the password changes or the user is deactivated.
+        tokens.connect(get_user_model())
 
 
 def _ensure_schedule_after_migrate(sender, using=None, **kwargs):

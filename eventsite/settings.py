@@ -114,7 +114,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    # API tokens, stored hashed, expiring (cleanup.api.tokens); the lockout of guessed
+    # passwords (cleanup.admin.lockout); the Content-Security-Policy header.
+    "knox",
+    "axes",
+    "csp",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
@@ -135,6 +139,9 @@ INSTALLED_APPS += [app for app in EVENT_MODULES if app not in INSTALLED_APPS]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A path with a NUL or another control character is a 404 before any view sees it.
+    "cleanup.security.RefuseControlCharacterPaths",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything reads the body or answers HTML under /api/.
     "cleanup.api.errors.ApiErrorsMiddleware",
@@ -142,10 +149,59 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A session left alone longer than SESSION_IDLE_TIMEOUT is logged out.
+    "cleanup.security.IdleSessionTimeout",
     "django.contrib.messages.middleware.MessageMiddleware",
     "cleanup.admin.guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # API answers are never stored by a browser or a proxy.
+    "cleanup.security.NoStoreForApi",
+    # Last: it answers a locked-out login (cleanup.admin.lockout).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Logins: django-axes counts failures per username and refuses a locked-out username
+# for EVENT_LOGIN_COOLOFF_S even with the right password; its backend comes first.
+AUTHENTICATION_BACKENDS = [
+    "cleanup.admin.lockout.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Per username only: counted per address too, every person behind one proxy or NAT
+# would be locked out by anyone's five typos (axes.W006 says so, and is silenced).
+AXES_LOCKOUT_PARAMETERS = ["username"]
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_FAILURE_LIMIT = "cleanup.admin.lockout.failure_limit"
+AXES_COOLOFF_TIME = "cleanup.admin.lockout.cooloff"
+AXES_LOCKOUT_CALLABLE = "cleanup.admin.lockout.lockout_response"
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+# Behind the README's one proxy the client's address is the last X-Forwarded-For entry.
+NUM_PROXIES = env_int("NUM_PROXIES", 0)
+AXES_IPWARE_PROXY_COUNT = NUM_PROXIES or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if NUM_PROXIES else ["REMOTE_ADDR"]
+
+# Sessions last SESSION_COOKIE_AGE (8 hours) at most, and SESSION_IDLE_TIMEOUT (1 hour)
+# without a request.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_IDLE_TIMEOUT = env_int("SESSION_IDLE_TIMEOUT", 3600)
+
+# Every page's Content-Security-Policy: scripts, styles, images and fonts from the site
+# itself only, no inline script, no framing. The admin's pages, the run page's SVG
+# timeline and the API's docs page (its start script a file of its own) work under it.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "eventsite.urls"
 
@@ -242,34 +298,41 @@ EMAIL_SUBJECT_PREFIX = os.environ.get("EMAIL_SUBJECT_PREFIX", "[eventsite] ")
 MAIL_CONFIGURED = bool(os.environ.get("EMAIL_HOST") and ADMINS)
 
 # A request that fails is logged with its traceback on standard error (where gunicorn and
-# systemd collect it), and mailed to ADMINS when mail is configured.
+# systemd collect it), and, when mail is configured, mailed to ADMINS by the cluster (the
+# request only queues it: cleanup.errormail), once per distinct error per
+# EVENT_ERROR_MAIL_INTERVAL_S. A request with a Host not in ALLOWED_HOSTS is logged, never
+# mailed: anyone can send one. Django's own loggers are set here, so its default mail
+# handler (sent inside the request) is never used.
+_MAIL = ["mail_admins"] if MAIL_CONFIGURED else []
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},
-        "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR"},
+        "mail_admins": {"class": "cleanup.errormail.QueuedAdminEmailHandler", "level": "ERROR"},
     },
     "loggers": {
         "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-        "django.request": {
-            "handlers": ["console", *(["mail_admins"] if MAIL_CONFIGURED else [])],
-            "level": "ERROR",
-            "propagate": False,
-        },
+        # Failed logins and lockouts (django-axes).
+        "axes": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "django": {"handlers": ["console", *_MAIL], "level": "WARNING", "propagate": False},
+        "django.request": {"handlers": ["console", *_MAIL], "level": "ERROR", "propagate": False},
+        "django.security.DisallowedHost": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "cleanup.api.tokens.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PARSER_CLASSES": ["cleanup.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "cleanup.api.errors.exception_handler",
+    "NUM_PROXIES": NUM_PROXIES,
 }
 
 SPECTACULAR_SETTINGS = {
