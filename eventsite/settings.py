@@ -185,14 +185,15 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if N
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 SESSION_IDLE_TIMEOUT = env_int("SESSION_IDLE_TIMEOUT", 3600)
 
-# Every page's Content-Security-Policy: scripts, styles, images and fonts from the site
-# itself only, no inline script, no framing. The admin's pages, the run page's SVG
-# timeline and the API's docs page (its start script a file of its own) work under it.
+# Every page's Content-Security-Policy: scripts from the site itself only, never inline
+# (the admin needs none; the API's docs page loads its start script as a file of its own),
+# nothing framed, no plugins, forms posted only to the site. Styles may be inline as well
+# (the admin's pages and Swagger UI set style attributes): a style runs no code.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
         "script-src": ["'self'"],
-        "style-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
         "img-src": ["'self'", "data:"],
         "font-src": ["'self'"],
         "connect-src": ["'self'"],
@@ -303,25 +304,32 @@ MAIL_CONFIGURED = bool(os.environ.get("EMAIL_HOST") and ADMINS)
 # EVENT_ERROR_MAIL_INTERVAL_S. A request with a Host not in ALLOWED_HOSTS is logged, never
 # mailed: anyone can send one. Django's own loggers are set here, so its default mail
 # handler (sent inside the request) is never used.
-_MAIL = ["mail_admins"] if MAIL_CONFIGURED else []
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
-        "mail_admins": {"class": "cleanup.errormail.QueuedAdminEmailHandler", "level": "ERROR"},
-    },
-    "loggers": {
-        "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-        # Failed logins and lockouts (django-axes).
-        "axes": {"handlers": ["console"], "level": "WARNING", "propagate": False},
-        "django": {"handlers": ["console", *_MAIL], "level": "WARNING", "propagate": False},
-        "django.request": {"handlers": ["console", *_MAIL], "level": "ERROR", "propagate": False},
-        "django.security.DisallowedHost": {"handlers": ["console"], "level": "ERROR", "propagate": False},
-        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
-    },
-}
+
+
+def logging_config(mail):
+    """The site's logging; ``mail``: failures are mailed too (tests/security/test_mail.py)."""
+    to_mail = ["mail_admins"] if mail else []
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+            "mail_admins": {"class": "cleanup.errormail.QueuedAdminEmailHandler", "level": "ERROR"},
+        },
+        "loggers": {
+            "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+            # Failed logins and lockouts (django-axes).
+            "axes": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+            "django": {"handlers": ["console", *to_mail], "level": "WARNING", "propagate": False},
+            "django.request": {"handlers": ["console", *to_mail], "level": "ERROR", "propagate": False},
+            "django.security.DisallowedHost": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+            "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        },
+    }
+
+
+LOGGING = logging_config(MAIL_CONFIGURED)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -42,7 +42,9 @@ def guard(model):
         return
     original = type(admin.site.get_model_admin(model))
     admin.site.unregister(model)
-    admin.site.register(model, type(f"Superuser{original.__name__}", (SuperusersChange, original), {}))
+    admin.site.register(
+        model, type(f"Superuser{original.__name__}", (SuperusersChange, original), {"__module__": __name__})
+    )
 
 
 for _model in (Schedule, Success, Failure, OrmQ):
