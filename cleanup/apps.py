@@ -18,10 +18,14 @@ class CleanupConfig(AppConfig):
 
     def ready(self):
         from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_in
         from django.db.backends.signals import connection_created
         from django_q.signals import post_spawn
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            security,
+        )
         from .api import tokens
         from .runner import register_builtins
         from .sweep.statements import ready_new_connection
@@ -33,6 +37,7 @@ class CleanupConfig(AppConfig):
         register_builtins()
         # A user's API tokens are revoked when the password changes or the user is deactivated.
         tokens.connect(get_user_model())
+        user_logged_in.connect(security.note_login, dispatch_uid="cleanup.security.note_login")
 
 
 def _ensure_schedule_after_migrate(sender, using=None, **kwargs):

@@ -8,7 +8,8 @@
 - `NoStoreForApi`: every answer under ``/api/`` says ``Cache-Control: no-store``, so no
   browser or proxy keeps a copy of what the API showed.
 
-May import: nothing of the app (Django only); nothing imports it but the ``MIDDLEWARE`` setting.
+May import: nothing of the app (Django only); nothing imports it but the ``MIDDLEWARE`` setting
+and the app's start-up (`note_login`).
 """
 
 import re
@@ -42,6 +43,14 @@ class RefuseControlCharacterPaths:
         if path_problem(request.path_info) or path_problem(request.path):
             raise Http404("no such page")
         return self.get_response(request)
+
+
+def note_login(sender, request, user, **kwargs):
+    """``user_logged_in``: a new session starts its idle clock at the login, so that its first
+    pages need not save it again (wired by the app)."""
+    session = getattr(request, "session", None)
+    if session is not None:
+        session[LAST_SEEN] = int(time.time())
 
 
 class IdleSessionTimeout:
