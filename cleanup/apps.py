@@ -1,6 +1,7 @@
 """The app's configuration: what happens when Django loads the app.
 
-It registers the system checks and the built-in actions, readies PostgreSQL connections
+It registers the system checks and the built-in actions, revokes a user's API tokens with
+the password (`api.tokens`), readies PostgreSQL connections
 for the pass's prepared statements, ensures the tick's schedule after `migrate`, and has
 a django-q2 worker that starts reconcile every module (rule 10).
 May import: anything of the app, lazily in `ready()`.
@@ -16,11 +17,17 @@ class CleanupConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_in
         from django.core.signals import request_finished
         from django.db.backends.signals import connection_created
         from django_q.signals import post_spawn
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            security,
+        )
+        from .api import tokens
         from .counters import flush_after_request
         from .runner import register_builtins
         from .sweep.statements import ready_new_connection
@@ -32,6 +39,9 @@ class CleanupConfig(AppConfig):
         # What a request counted for the metrics is written when it ends (`cleanup.counters`).
         request_finished.connect(flush_after_request, dispatch_uid="cleanup.counters.flush")
         register_builtins()
+        # A user's API tokens are revoked when the password changes or the user is deactivated.
+        tokens.connect(get_user_model())
+        user_logged_in.connect(security.note_login, dispatch_uid="cleanup.security.note_login")
 
 
 def _ensure_schedule_after_migrate(sender, using=None, **kwargs):

@@ -196,6 +196,32 @@ SETTINGS = (
         3_600,
         "how often an open admin page (the index, a run, the ledger) reads its counts and rows again, while live",
     ),
+    # Who may get in (cleanup.admin.lockout, cleanup.api.tokens) and what is mailed (cleanup.errormail).
+    Setting(
+        "EVENT_LOGIN_FAILURE_LIMIT",
+        5,
+        1,
+        1_000,
+        "failed logins for one username after which it is locked out, even with the right password",
+    ),
+    Setting("EVENT_LOGIN_COOLOFF_S", 900, 1, 30 * DAY_S, "how long a locked-out username stays locked out"),
+    Setting("EVENT_TOKEN_TTL_DAYS", 30, 1, 3_650, "an API token made without `--ttl` expires after this many days"),
+    Setting(
+        "EVENT_TOKEN_FAILURE_LIMIT",
+        20,
+        1,
+        100_000,
+        "failed token authentications from one client address within `EVENT_TOKEN_FAILURE_WINDOW_S`, "
+        "after which its token requests are answered 429",
+    ),
+    Setting("EVENT_TOKEN_FAILURE_WINDOW_S", 60, 1, DAY_S, "the window `EVENT_TOKEN_FAILURE_LIMIT` counts failures in"),
+    Setting(
+        "EVENT_ERROR_MAIL_INTERVAL_S",
+        300,
+        0,
+        DAY_S,
+        "one error mail per distinct error (its kind and where it was raised) within this many seconds",
+    ),
     # The site's probe (/healthz). The tick is due every minute: a few missed ones are a
     # slow worker, more is no worker.
     Setting(

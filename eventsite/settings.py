@@ -117,7 +117,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    # API tokens, stored hashed, expiring (cleanup.api.tokens); the lockout of guessed
+    # passwords (cleanup.admin.lockout); the Content-Security-Policy header.
+    "knox",
+    "axes",
+    "csp",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
@@ -138,6 +142,9 @@ INSTALLED_APPS += [app for app in EVENT_MODULES if app not in INSTALLED_APPS]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A path with a NUL or another control character is a 404 before any view sees it.
+    "cleanup.security.RefuseControlCharacterPaths",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything reads the body or answers HTML under /api/.
     "cleanup.api.errors.ApiErrorsMiddleware",
@@ -145,10 +152,60 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A session left alone longer than SESSION_IDLE_TIMEOUT is logged out.
+    "cleanup.security.IdleSessionTimeout",
     "django.contrib.messages.middleware.MessageMiddleware",
     "cleanup.admin.guards.AdminInputGuard",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # API answers are never stored by a browser or a proxy.
+    "cleanup.security.NoStoreForApi",
+    # Last: it answers a locked-out login (cleanup.admin.lockout).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Logins: django-axes counts failures per username and refuses a locked-out username
+# for EVENT_LOGIN_COOLOFF_S even with the right password; its backend comes first.
+AUTHENTICATION_BACKENDS = [
+    "cleanup.admin.lockout.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Per username only: counted per address too, every person behind one proxy or NAT
+# would be locked out by anyone's five typos (axes.W006 says so, and is silenced).
+AXES_LOCKOUT_PARAMETERS = ["username"]
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_FAILURE_LIMIT = "cleanup.admin.lockout.failure_limit"
+AXES_COOLOFF_TIME = "cleanup.admin.lockout.cooloff"
+AXES_LOCKOUT_CALLABLE = "cleanup.admin.lockout.lockout_response"
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+# Behind the README's one proxy the client's address is the last X-Forwarded-For entry.
+NUM_PROXIES = env_int("NUM_PROXIES", 0)
+AXES_IPWARE_PROXY_COUNT = NUM_PROXIES or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if NUM_PROXIES else ["REMOTE_ADDR"]
+
+# Sessions last SESSION_COOKIE_AGE (8 hours) at most, and SESSION_IDLE_TIMEOUT (1 hour)
+# without a request.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_IDLE_TIMEOUT = env_int("SESSION_IDLE_TIMEOUT", 3600)
+
+# Every page's Content-Security-Policy: scripts from the site itself only, never inline
+# (the admin needs none; the API's docs page loads its start script as a file of its own),
+# nothing framed, no plugins, forms posted only to the site. Styles may be inline as well
+# (the admin's pages and Swagger UI set style attributes): a style runs no code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "eventsite.urls"
 
@@ -245,7 +302,11 @@ EMAIL_SUBJECT_PREFIX = os.environ.get("EMAIL_SUBJECT_PREFIX", "[eventsite] ")
 MAIL_CONFIGURED = bool(os.environ.get("EMAIL_HOST") and ADMINS)
 
 # A request that fails is logged with its traceback on standard error (where gunicorn and
-# systemd collect it), and mailed to ADMINS when mail is configured.
+# systemd collect it), and, when mail is configured, mailed to ADMINS by the cluster (the
+# request only queues it: cleanup.errormail), once per distinct error per
+# EVENT_ERROR_MAIL_INTERVAL_S. A request with a Host not in ALLOWED_HOSTS is logged, never
+# mailed: anyone can send one. Django's own loggers are set here, so its default mail
+# handler (sent inside the request) is never used.
 # LOG_FORMAT=json: one JSON object per line on standard error (time, level, logger,
 # message, and the run, module, backend and task a line is about where known); plain
 # text by default.
@@ -253,30 +314,39 @@ LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower() or "plain"
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "cleanup.logs.JsonFormatter"},
-    },
-    "filters": {"context": {"()": "cleanup.logs.ContextFilter"}},
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]},
-        "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR"},
-    },
-    "loggers": {
-        "cleanup": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-        "eventsite": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-        # django-q2 adds a handler of its own only to a logger that has none.
-        "django-q": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": False},
-        "django.request": {
-            "handlers": ["console", *(["mail_admins"] if MAIL_CONFIGURED else [])],
-            "level": "ERROR",
-            "propagate": False,
+
+def logging_config(mail, log_format="plain"):
+    """The site's logging; ``mail``: failures are mailed too (tests/security/test_mail.py)."""
+    to_mail = ["mail_admins"] if mail else []
+    level = os.environ.get("LOG_LEVEL", "INFO")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+            "json": {"()": "cleanup.logs.JsonFormatter"},
         },
-    },
-}
+        "filters": {"context": {"()": "cleanup.logs.ContextFilter"}},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "formatter": log_format, "filters": ["context"]},
+            "mail_admins": {"class": "cleanup.errormail.QueuedAdminEmailHandler", "level": "ERROR"},
+        },
+        "loggers": {
+            "cleanup": {"handlers": ["console"], "level": level},
+            "eventsite": {"handlers": ["console"], "level": level},
+            # django-q2 adds a handler of its own only to a logger that has none.
+            "django-q": {"handlers": ["console"], "level": level, "propagate": False},
+            # Failed logins and lockouts (django-axes).
+            "axes": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+            "django": {"handlers": ["console", *to_mail], "level": "WARNING", "propagate": False},
+            "django.request": {"handlers": ["console", *to_mail], "level": "ERROR", "propagate": False},
+            "django.security.DisallowedHost": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+            "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        },
+    }
+
+
+LOGGING = logging_config(MAIL_CONFIGURED, LOG_FORMAT)
 
 
 def env_rate(name, default):
@@ -301,7 +371,7 @@ API_THROTTLE_RATES = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "cleanup.api.tokens.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
@@ -309,6 +379,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["cleanup.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "cleanup.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
+    "NUM_PROXIES": NUM_PROXIES,
 }
 
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from cleanup.api.urls import legacy_urlpatterns
 from cleanup.metrics import metrics
@@ -12,8 +12,9 @@ from cleanup.sitecheck import healthz
 # method rather than a redirect or the CSRF check's 403, since nothing here acts on one.
 root = csrf_exempt(RedirectView.as_view(pattern_name="admin:index", http_method_names=["get", "head"]))
 # The docs page answers GET and HEAD: drf-spectacular answers its OPTIONS by rendering an
-# HTML template it has no name for, a 500.
-docs = SpectacularSwaggerView.as_view(url_name="schema", http_method_names=["get", "head"])
+# HTML template it has no name for, a 500. Its start script is a file of its own
+# (`?script`), not inline, so the page works under the site's Content-Security-Policy.
+docs = SpectacularSwaggerSplitView.as_view(url_name="schema", http_method_names=["get", "head"])
 
 urlpatterns = [
     path("", root),

@@ -35,6 +35,16 @@ def fresh_counters():
 
 
 @pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test starts with an empty cache: no failed token authentications or error mails
+    counted by an earlier test."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def fresh_watch():
     """Each test's first tick watches the backends, as a process's first tick does."""
     from cleanup import runner

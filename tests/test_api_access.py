@@ -5,10 +5,10 @@ The helpers here (`user_with`, `api_as`) are shared by the other `test_api_*` fi
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from cleanup import registry
+from cleanup.api.tokens import issue
 from cleanup.models import Resource, Run, RunStatus
 from tests.fakes import FakeAction, make_rows, make_run, make_step
 
@@ -28,9 +28,9 @@ def user_with(*codenames, staff=True, username="console"):
 
 def api_as(*codenames, staff=True, username="console"):
     """A client that authenticates as the console does, with a token."""
-    token = Token.objects.create(user=user_with(*codenames, staff=staff, username=username))
+    _, key = issue(user_with(*codenames, staff=staff, username=username))
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

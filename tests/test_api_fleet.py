@@ -201,11 +201,13 @@ def test_a_reconcile_of_one_backend_settles_only_its_rows(django_capture_on_comm
 def test_each_backend_endpoint_answers_404_400_and_403_as_the_modules_do(module, verb, body):
     client = api_as("cleanup_run")
     assert client.post(API + f"modules/nope/backends/north/{verb}/", body, format="json").status_code == 404
-    for bad in ("%20north", "north%20", "a%00b", "x" * 101):
+    for bad in ("%20north", "north%20", "x" * 101):
         answer = client.post(API + f"modules/test/backends/{bad}/{verb}/", body, format="json")
         assert answer.status_code == 400, bad
         assert "not a backend's name" in answer.json()["errors"]["backend"][0]
-    assert client.post(API + f"modules/test/backends/a%2Fb/{verb}/", body, format="json").status_code == 404
+    # A control character in a path is no URL of the site (cleanup.security): 404.
+    for missing in ("a%2Fb", "a%00b"):
+        assert client.post(API + f"modules/test/backends/{missing}/{verb}/", body, format="json").status_code == 404
     assert client.post(API + f"modules/test/backends/north/{verb}/", {"extra": 1}, format="json").status_code == 400
     reader = api_as("view_modulehealth", "view_resource", username="reader")
     assert reader.post(API + f"modules/test/backends/north/{verb}/", body, format="json").status_code == 403

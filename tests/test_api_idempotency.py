@@ -9,11 +9,11 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from cleanup import runner
 from cleanup.api import idempotency
+from cleanup.api.tokens import issue
 from cleanup.models import IdempotencyKey, Resource, Run, RunLog, RunStatus
 from tests.fakes import make_run
 from tests.test_api_access import API, api_as, ended_run, user_with  # noqa: F401 (ended_run: a fixture)
@@ -227,7 +227,7 @@ def test_the_schema_offers_the_header_and_its_answers_on_every_post(api):
     reason="needs PostgreSQL: requests racing on their own connections",
 )
 def test_ten_parallel_starts_with_one_key_make_one_run_and_all_answer_it(monkeypatch):
-    token = Token.objects.create(user=user_with("add_run", "view_run")).key
+    _row, token = issue(user_with("add_run", "view_run"))
     real = runner.start_run
 
     def slow_start(*args, **kwargs):

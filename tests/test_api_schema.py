@@ -13,9 +13,9 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from drf_spectacular.validation import validate_schema
 from hypothesis import HealthCheck, given, settings
-from rest_framework.authtoken.models import Token
 
 from cleanup import registry
+from cleanup.api.tokens import issue
 from cleanup.models import Resource, ResourceState, RunStatus
 from eventsite.wsgi import application
 from tests.fakes import FakeAction, make_lease_row, make_rows, make_run, make_step
@@ -116,7 +116,7 @@ def ledger(db):
 def root_token(db):
     user = user_with(username="root")
     User.objects.filter(pk=user.pk).update(is_superuser=True)
-    return Token.objects.create(user=user).key
+    return issue(user)[1]
 
 
 @pytest.fixture

@@ -58,8 +58,8 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
         assert f"SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in command
         made = subprocess.run(command, shell=True, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60)
         assert made.returncode == 0, made.stderr
-        token = re.search(r"Generated token (\S+)", made.stdout)[1]
-        runs = httpx.get(f"{demo.url}/api/events/runs/", headers={"Authorization": f"Token {token}"}, timeout=5)
+        token = made.stdout.strip()  # create_token prints the key alone, once
+        runs = httpx.get(f"{demo.url}/api/v1/events/runs/", headers={"Authorization": f"Token {token}"}, timeout=5)
         assert runs.status_code == 200, "the printed command made its token in another database"
         env_file = (tmp_path / "demo-env.sh").read_text()
         assert f"export SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in env_file

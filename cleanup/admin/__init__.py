@@ -21,7 +21,7 @@ imports it.
 
 from django.contrib import admin
 
-from . import alerts, modules, resources, runs  # noqa: F401  (each registers its pages)
+from . import alerts, djangoq, lockout, modules, resources, runs, tokens  # noqa: F401  (each registers its pages)
 
 # Lists need the width more than a second menu of the models the index already lists.
 admin.site.enable_nav_sidebar = False

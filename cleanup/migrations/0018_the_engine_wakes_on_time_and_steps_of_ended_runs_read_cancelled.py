@@ -24,7 +24,7 @@ def cancel_unfinished_steps(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0015_the_change_feed'),
+        ('cleanup', '0016_api_tokens_are_stored_hashed'),
     ]
 
     operations = [

@@ -15,9 +15,9 @@ import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 from django_q.models import OrmQ, Schedule, Task
-from rest_framework.authtoken.models import Token
 
 from cleanup import registry
+from cleanup.api.tokens import issue
 from cleanup.models import Alert, ModuleEvent, ModuleHealth, Resource, RunLog, RunStatus
 from tests.fakes import FakeAction, FakeLease, Scripted, make_lease_row, make_rows, make_run, make_step
 
@@ -84,7 +84,10 @@ ADMIN_MODELS = {
     ("cleanup", "alert"): "view_alert",
     ("auth", "user"): None,
     ("auth", "group"): None,
-    ("authtoken", "tokenproxy"): None,
+    ("knox", "authtoken"): None,
+    ("axes", "accessattempt"): None,
+    ("axes", "accessfailurelog"): None,
+    ("axes", "accesslog"): None,
     ("django_q", "schedule"): None,
     ("django_q", "success"): None,
     ("django_q", "failure"): None,
@@ -116,7 +119,7 @@ SITE = {
     "admin/autocomplete/": (NOBODY, set()),
     "admin/jsi18n/": (ADMIN_STAFF, READ),
     "admin/r/<path:content_type_id>/<path:object_id>/": (ADMIN_STAFF, ALL),
-    "admin/^(?P<app_label>auth|authtoken|django_q|cleanup)/$": (ADMIN_STAFF, ALL),
+    "admin/^(?P<app_label>auth|cleanup|django_q|axes|knox)/$": (ADMIN_STAFF, ALL),
     "admin/(?P<url>.*)$": (ADMIN_STAFF, ALL),
     # The index's live fragment: any active staff member; each count is its permission's.
     "admin/cleanup/run/live-index/": (ADMIN_STAFF, {"GET", "HEAD"}),
@@ -194,7 +197,7 @@ def site():
     event = ModuleEvent.objects.create(module="test", backend="north", kind="module.down", detail={})
     alert = Alert.objects.create(run=ended, event="cleanup.gave_up", channel="mail", payload={})
     owner = User.objects.create_user("owner", password="pw-123456789")
-    token = Token.objects.create(user=owner)
+    token, _key = issue(owner)
     schedule = Schedule.objects.create(func="cleanup.tasks.tick_task", name="tick")
     task = Task.objects.create(
         id="a" * 32, name="t", func="math.floor", started="2026-01-01T00:00Z", stopped="2026-01-01T00:00Z", success=True
@@ -218,7 +221,7 @@ def site():
         ("cleanup", "alert"): alert.pk,
         ("auth", "user"): owner.pk,
         ("auth", "group"): Group.objects.create(name="ops").pk,
-        ("authtoken", "tokenproxy"): token.user_id,
+        ("knox", "authtoken"): token.pk,
         ("django_q", "schedule"): schedule.pk,
         ("django_q", "success"): task.pk,
         ("django_q", "failure"): failed.pk,
@@ -234,7 +237,7 @@ def concrete(route, page, site):
         path = re.sub(r"<(?:path|int):object_id>|<id>", str(object_id), route)
     else:
         path = route.replace("<path:content_type_id>/<path:object_id>", "1/1")
-        path = path.replace("^(?P<app_label>auth|authtoken|django_q|cleanup)/$", "cleanup/")
+        path = path.replace("^(?P<app_label>auth|cleanup|django_q|axes|knox)/$", "cleanup/")
         path = path.replace("(?P<url>.*)$", "no/such/page/")
         if "resources/<int:pk>" in path:
             path = path.replace("<int:pk>", str(site["row"].pk))

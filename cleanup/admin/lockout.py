@@ -1,0 +1,112 @@
+"""Logins that guess: the lockout's limits, and its pages in the admin.
+
+django-axes counts failed logins per username (the site's ``AXES_*`` settings name the
+two functions below, so that ``EVENT_LOGIN_FAILURE_LIMIT`` and ``EVENT_LOGIN_COOLOFF_S``
+are read at the moment of use). After that many failures the username is refused for the
+cool-off, even with the right password, and the login page says so
+(``admin/cleanup/lockout.html``, answered 429). Every failure is logged (logger ``axes``)
+and listed in the admin's *Access failures*; *Access attempts* lists the usernames that
+are counting or locked out, and only a superuser may lift a lockout there (the action
+*Lift the lockout*, or deleting the row), which is logged too.
+
+May import: conf; nothing imports it but the admin package and the ``AXES_*`` settings.
+"""
+
+import logging
+from datetime import timedelta
+
+from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
+from axes.backends import AxesStandaloneBackend
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+from django.contrib import admin
+from django.shortcuts import render
+
+from ..conf import setting
+
+logger = logging.getLogger("cleanup.lockout")
+
+
+def failure_limit(request=None, credentials=None):
+    """``AXES_FAILURE_LIMIT``: failed logins after which a username is locked out."""
+    return setting("EVENT_LOGIN_FAILURE_LIMIT")
+
+
+def cooloff(request=None):
+    """``AXES_COOLOFF_TIME``: how long a locked-out username stays locked out."""
+    return timedelta(seconds=setting("EVENT_LOGIN_COOLOFF_S"))
+
+
+class LockoutBackend(AxesStandaloneBackend):
+    """django-axes' backend, first in ``AUTHENTICATION_BACKENDS``: refuses a locked-out
+    username. A login with no request (a shell, the test client's ``login``) comes from no
+    client address and is left to the next backend, as without axes; every login over HTTP
+    (the admin's form, DRF) passes its request."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def lockout_response(request, original_response=None, credentials=None):
+    """``AXES_LOCKOUT_CALLABLE``: the page a locked-out username gets, 429 with ``Retry-After``."""
+    seconds = setting("EVENT_LOGIN_COOLOFF_S")
+    context = {
+        "failure_limit": failure_limit(),
+        "cooloff_minutes": max(1, round(seconds / 60)),
+        "site_header": admin.site.site_header,
+        "site_title": admin.site.site_title,
+    }
+    response = render(request, "admin/cleanup/lockout.html", context, status=429)
+    response["Retry-After"] = str(seconds)
+    return response
+
+
+class SuperuserLifts:
+    """Nobody adds or edits these rows; only a superuser deletes one (lifts a lockout)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+
+class AttemptAdmin(SuperuserLifts, AccessAttemptAdmin):
+    list_display = ["attempt_time", "username", "ip_address", "path_info", "failures_since_start", "locked_out"]
+    list_filter = ["attempt_time"]
+    actions = ["lift"]
+
+    @admin.display(description="locked out", boolean=True)
+    def locked_out(self, obj):
+        return obj.failures_since_start >= failure_limit()
+
+    @admin.action(description="Lift the lockout", permissions=["delete"])
+    def lift(self, request, queryset):
+        names = sorted({attempt.username or "" for attempt in queryset})
+        count, _ = queryset.delete()
+        logger.warning("lockout lifted by %s for %s", request.user.get_username(), ", ".join(map(repr, names)))
+        self.message_user(request, f"Lifted the lockout of {len(names)} username(s): {', '.join(names)}.")
+
+    def delete_model(self, request, obj):
+        logger.warning("lockout lifted by %s for %r", request.user.get_username(), obj.username)
+        super().delete_model(request, obj)
+
+
+class FailureLogAdmin(SuperuserLifts, AccessFailureLogAdmin):
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class LogAdmin(SuperuserLifts, AccessLogAdmin):
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+for _model, _admin in ((AccessAttempt, AttemptAdmin), (AccessFailureLog, FailureLogAdmin), (AccessLog, LogAdmin)):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+    admin.site.register(_model, _admin)

@@ -1,0 +1,92 @@
+"""The site-wide guards every request passes, as middleware the site lists in ``MIDDLEWARE``.
+
+- `RefuseControlCharacterPaths`: a path with a NUL, another control character (C0, DEL,
+  C1) or a lone surrogate in any segment is a 404 before any view or query sees it (a NUL
+  reaching PostgreSQL is a 500; no URL of the site has such a character).
+- `IdleSessionTimeout`: a signed-in session left without a request for longer than
+  ``SESSION_IDLE_TIMEOUT`` seconds is logged out; ``SESSION_COOKIE_AGE`` bounds it overall.
+- `NoStoreForApi`: every answer under ``/api/`` says ``Cache-Control: no-store``, so no
+  browser or proxy keeps a copy of what the API showed.
+
+May import: nothing of the app (Django only); nothing imports it but the ``MIDDLEWARE`` setting
+and the app's start-up (`note_login`).
+"""
+
+import re
+import time
+
+from django.conf import settings
+from django.contrib.auth import logout
+from django.http import Http404
+from django.utils.cache import patch_cache_control
+
+# C0 controls, DEL, C1 controls and the surrogates (a lone one cannot be encoded).
+BAD_PATH_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+# The session key that holds the time of a session's last request.
+LAST_SEEN = "cleanup_last_seen"
+
+
+def path_problem(path):
+    """Whether ``path`` (decoded) has a character no URL of the site has."""
+    return BAD_PATH_CHARACTER.search(path) is not None
+
+
+class RefuseControlCharacterPaths:
+    """A path with a control character or a lone surrogate answers 404 (the site's 404 page,
+    JSON under ``/api/``)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if path_problem(request.path_info) or path_problem(request.path):
+            raise Http404("no such page")
+        return self.get_response(request)
+
+
+def note_login(sender, request, user, **kwargs):
+    """``user_logged_in``: a new session starts its idle clock at the login, so that its first
+    pages need not save it again (wired by the app)."""
+    session = getattr(request, "session", None)
+    if session is not None:
+        session[LAST_SEEN] = int(time.time())
+
+
+class IdleSessionTimeout:
+    """Logs out a session idle for longer than ``SESSION_IDLE_TIMEOUT`` seconds (0: never).
+
+    Goes after the authentication middleware. The time is written at most once a minute,
+    so a busy page does not save its session on every request.
+    """
+
+    WRITE_EVERY_S = 60
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        timeout = getattr(settings, "SESSION_IDLE_TIMEOUT", 0)
+        session = getattr(request, "session", None)
+        user = getattr(request, "user", None)
+        if timeout and session is not None and user is not None and user.is_authenticated:
+            now = time.time()
+            last = session.get(LAST_SEEN)
+            if isinstance(last, int | float) and now - last > timeout:
+                logout(request)
+            elif not isinstance(last, int | float) or now - last >= self.WRITE_EVERY_S:
+                session[LAST_SEEN] = int(now)
+        return self.get_response(request)
+
+
+class NoStoreForApi:
+    """``Cache-Control: no-store`` (and ``private``) on every answer under ``/api/``."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if request.path.startswith("/api/"):
+            patch_cache_control(response, no_store=True, private=True)
+        return response

@@ -1,0 +1,189 @@
+"""API tokens like Knox's: hashed, shown once, expiring, revoked one by one and with the
+password or the user's deactivation; failed token authentication throttled per address."""
+
+import io
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import Client, override_settings
+from django.utils import timezone
+from knox.models import AuthToken
+from rest_framework.test import APIClient
+
+from cleanup.api.tokens import issue
+from tests.test_api_access import user_with
+
+pytestmark = pytest.mark.django_db
+
+RUNS = "/api/events/runs/"
+
+
+def client_with(key, address="10.0.0.1"):
+    client = APIClient(REMOTE_ADDR=address)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+def every_stored_text():
+    """Every text value of every table, as the database holds it."""
+    found = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names():
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            found.extend(str(value) for row in cursor.fetchall() for value in row if value is not None)
+    return found
+
+
+def test_the_key_is_nowhere_in_the_database():
+    row, key = issue(user_with("view_run"))
+    assert client_with(key).get(RUNS).status_code == 200
+    stored = every_stored_text()
+    assert not [value for value in stored if key in value]
+    assert row.token_key == key[:15] and row.digest != key
+
+
+def test_create_token_prints_the_key_once_and_it_expires_after_the_ttl():
+    user_with("view_run")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("create_token", "console", "--ttl", "2", stdout=out, stderr=err)
+    key = out.getvalue().strip()
+    assert client_with(key).get(RUNS).status_code == 200
+    row = AuthToken.objects.get()
+    assert abs(row.expiry - (timezone.now() + timedelta(days=2))) < timedelta(minutes=1)
+    assert key not in err.getvalue() and key[:8] in err.getvalue()
+    with time_machine.travel(timezone.now() + timedelta(days=2, minutes=1), tick=False):
+        assert client_with(key).get(RUNS).status_code == 401
+
+
+def test_a_token_lasts_event_token_ttl_days_by_default():
+    row, _ = issue(user_with("view_run"))
+    assert abs(row.expiry - (timezone.now() + timedelta(days=30))) < timedelta(minutes=1)
+    with override_settings(EVENT_TOKEN_TTL_DAYS=7):
+        row, _ = issue(User.objects.create_user("other", is_staff=True))
+    assert abs(row.expiry - (timezone.now() + timedelta(days=7))) < timedelta(minutes=1)
+
+
+def test_create_token_refuses_an_unknown_user_and_a_ttl_out_of_bounds():
+    user_with("view_run")
+    with pytest.raises(CommandError, match="no user"):
+        call_command("create_token", "nobody", stdout=io.StringIO(), stderr=io.StringIO())
+    with pytest.raises(CommandError, match="--ttl"):
+        call_command("create_token", "console", "--ttl", "0", stdout=io.StringIO(), stderr=io.StringIO())
+    assert not AuthToken.objects.exists()
+
+
+def test_a_password_change_revokes_every_token_of_the_user():
+    user = user_with("view_run")
+    _, first = issue(user)
+    _, second = issue(user)
+    _, others = issue(user_with("view_run", username="other"))
+    user.set_password("another-pw-987654321")
+    user.save()
+    assert client_with(first).get(RUNS).status_code == 401
+    assert client_with(second).get(RUNS).status_code == 401
+    assert client_with(others).get(RUNS).status_code == 200
+
+
+def test_an_unrelated_save_keeps_the_tokens():
+    user = user_with("view_run")
+    _, key = issue(user)
+    user.first_name = "Ada"
+    user.save()
+    assert client_with(key).get(RUNS).status_code == 200
+
+
+def test_deactivating_the_user_revokes_the_tokens_and_the_docs_page_answers_401_not_500():
+    user = user_with("view_run")
+    _, key = issue(user)
+    user.is_active = False
+    user.save()
+    assert not AuthToken.objects.filter(user=user).exists()
+    for path in (RUNS, "/api/docs/", "/api/schema/"):
+        assert client_with(key).get(path).status_code == 401, path
+
+
+def test_an_inactive_users_token_answers_401_everywhere():
+    user = user_with("view_run")
+    _, key = issue(user)
+    User.objects.filter(pk=user.pk).update(is_active=False)  # no save(): the token stays
+    for path in (RUNS, "/api/docs/", "/api/schema/", f"{RUNS}1/"):
+        answer = client_with(key).get(path)
+        assert answer.status_code == 401, (path, answer.status_code)
+
+
+def test_the_admin_shows_a_prefix_only_and_a_superuser_revokes_one_token():
+    user = user_with("view_run")
+    row, key = issue(user)
+    _, kept = issue(user)
+    root = User.objects.create_superuser("root", password="pw-123456789")
+    admin = Client()
+    admin.force_login(root)
+    page = admin.get("/admin/knox/authtoken/").content.decode()
+    # The prefix is shown; the key is not stored, so it cannot be. (The row's id in the
+    # links is knox's digest, a SHA-512 of the key: it authenticates nothing.)
+    assert key[:15] in page and key not in page
+    assert admin.get("/admin/knox/authtoken/add/").status_code == 403
+    answer = admin.post(
+        "/admin/knox/authtoken/", {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"}
+    )
+    assert answer.status_code == 302
+    assert client_with(key).get(RUNS).status_code == 401
+    assert client_with(kept).get(RUNS).status_code == 200
+
+
+def test_staff_without_the_permission_cannot_revoke_a_token():
+    row, key = issue(user_with("view_run"))
+    staff = User.objects.create_user("clerk", is_staff=True)
+    admin = Client()
+    admin.force_login(staff)
+    admin.post("/admin/knox/authtoken/", {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"})
+    assert client_with(key).get(RUNS).status_code == 200
+
+
+@override_settings(EVENT_TOKEN_FAILURE_LIMIT=5, EVENT_TOKEN_FAILURE_WINDOW_S=60)
+def test_failed_tokens_are_throttled_per_client_address_with_retry_after():
+    _, key = issue(user_with("view_run"))
+    for n in range(5):
+        assert client_with(f"{n:064x}").get(RUNS).status_code == 401
+    answer = client_with("f" * 64).get(RUNS)
+    assert answer.status_code == 429
+    assert 1 <= int(answer["Retry-After"]) <= 60
+    # The right token too, from that address, until the window passes ...
+    assert client_with(key).get(RUNS).status_code == 429
+    # ... while another address is not held up.
+    assert client_with(key, address="10.0.0.2").get(RUNS).status_code == 200
+    with time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False):
+        assert client_with(key).get(RUNS).status_code == 200
+
+
+def test_a_token_that_cannot_be_one_is_a_401_not_a_500():
+    for bad in ("\x00" * 20, "zz" * 32, "0" * 500, "é" * 20):
+        client = APIClient(REMOTE_ADDR="10.0.0.9")
+        client.credentials(HTTP_AUTHORIZATION="Token " + bad)
+        assert client.get(RUNS).status_code == 401, bad
+
+
+def test_the_migration_hashes_the_old_plain_text_tokens_and_they_keep_working():
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("cleanup.migrations.0016_api_tokens_are_stored_hashed")
+    user = user_with("view_run")
+    old_key = "0123456789abcdef0123456789abcdef01234567"  # DRF's shape: 40 hex
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, user_id integer, created timestamp)")
+        cursor.execute("INSERT INTO authtoken_token (key, user_id) VALUES (%s, %s)", [old_key, user.pk])
+    with connection.schema_editor() as editor:
+        migration.hash_old_tokens(apps, editor)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM authtoken_token")
+        assert cursor.fetchone()[0] == 0
+    assert not [value for value in every_stored_text() if old_key in value]
+    assert client_with(old_key).get(RUNS).status_code == 200
+    row = AuthToken.objects.get(user=user)
+    assert abs(row.expiry - (timezone.now() + timedelta(days=30))) < timedelta(minutes=1)
