@@ -96,6 +96,11 @@ ADMIN_MODELS = {
 
 # The other apps' pages that add nothing, for anyone.
 READ_ONLY = {("django_q", "success"), ("django_q", "failure"), ("django_q", "ormq")}
+# Records nobody writes by hand, not even a superuser: logins (django-axes) and tokens
+# (made by `create_token`, shown once). A superuser lifts a lockout by deleting its attempt
+# and revokes a token by deleting it; the logs of logins are kept.
+RECORDS = {("axes", "accessattempt"), ("axes", "accessfailurelog"), ("axes", "accesslog"), ("knox", "authtoken")}
+KEPT = {("axes", "accessfailurelog"), ("axes", "accesslog")}
 
 # Site pages outside the API and the admin's model pages: by route, who may, and the methods
 # the page has (another is 405, refused).
@@ -222,12 +227,27 @@ def site():
         ("auth", "user"): owner.pk,
         ("auth", "group"): Group.objects.create(name="ops").pk,
         ("knox", "authtoken"): token.pk,
+        **axes_rows(),
         ("django_q", "schedule"): schedule.pk,
         ("django_q", "success"): task.pk,
         ("django_q", "failure"): failed.pk,
         ("django_q", "ormq"): queued.pk,
     }
     return {"run": ended, "row": row, "ids": ids}
+
+
+def axes_rows():
+    """One of each of django-axes' records of logins (the lockout's admin pages)."""
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+
+    seen = {"user_agent": "ua", "ip_address": "10.0.0.9", "username": "owner", "http_accept": "*/*", "path_info": "/"}
+    return {
+        ("axes", "accessattempt"): AccessAttempt.objects.create(
+            **seen, get_data="", post_data="", failures_since_start=5
+        ).pk,
+        ("axes", "accessfailurelog"): AccessFailureLog.objects.create(**seen).pk,
+        ("axes", "accesslog"): AccessLog.objects.create(**seen).pk,
+    }
 
 
 def concrete(route, page, site):
@@ -308,7 +328,11 @@ def expected(role, page, method):
         return "allowed" if may_view else "refused"
     if kind == "redirect":
         return "allowed"  # to the object's change page, which checks; shows nothing itself
-    if kind == "add" and (app, model) in READ_ONLY:
+    if kind == "add" and (app, model) in READ_ONLY | RECORDS:
+        return "refused"
+    if (app, model) in RECORDS and kind == "change" and method == "POST":
+        return "refused"
+    if (app, model) in KEPT and kind == "delete":
         return "refused"
     return "allowed" if superuser else "refused"
 
