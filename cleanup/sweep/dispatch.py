@@ -334,7 +334,9 @@ def keep_overdue_claims():
         _held_rows(ended).update(claim_token=None, claim_expires_at=None)
     with _holds_lock:
         for hold in ended:
-            _holds.remove(hold)
+            # The keeper's thread and a pass may both have seen it end: the first removes it.
+            if hold in _holds:
+                _holds.remove(hold)
         return len(_holds)
 
 
