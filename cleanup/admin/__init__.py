@@ -19,9 +19,14 @@ models, conf, `validation`, `timeline`, `calls` (a backend's name); nothing of t
 imports it.
 """
 
+from django.apps import apps
 from django.contrib import admin
 
-from . import alerts, djangoq, lockout, modules, resources, runs, tokens  # noqa: F401  (each registers its pages)
+from . import alerts, djangoq, modules, resources, runs, tokens  # noqa: F401  (each registers its pages)
+
+# The lockout's pages are the project's when it installs django-axes (the example site does).
+if apps.is_installed("axes"):
+    from . import lockout  # noqa: F401
 
 # Lists need the width more than a second menu of the models the index already lists.
 admin.site.enable_nav_sidebar = False
