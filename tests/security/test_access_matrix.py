@@ -110,6 +110,7 @@ NOBODY = "nobody"  # the admin's autocomplete, asked about no field (OPTIONS onl
 ANY = "any"  # any answer but an error (logging out)
 ALL = frozenset(m.upper() for m in METHODS)
 READ = frozenset({"GET", "HEAD", "OPTIONS"})
+APP_LIST = "admin/<app_label>/"
 SITE = {
     "": (OPEN, {"GET", "HEAD"}),  # redirects to the admin
     "healthz": (OPEN, {"GET", "HEAD"}),
@@ -124,7 +125,8 @@ SITE = {
     "admin/autocomplete/": (NOBODY, set()),
     "admin/jsi18n/": (ADMIN_STAFF, READ),
     "admin/r/<path:content_type_id>/<path:object_id>/": (ADMIN_STAFF, ALL),
-    "admin/^(?P<app_label>auth|cleanup|django_q|axes|knox)/$": (ADMIN_STAFF, ALL),
+    # The admin's page of one app; its pattern lists the apps in the order they registered.
+    APP_LIST: (ADMIN_STAFF, ALL),
     "admin/(?P<url>.*)$": (ADMIN_STAFF, ALL),
     # The index's live fragment: any active staff member; each count is its permission's.
     "admin/cleanup/run/live-index/": (ADMIN_STAFF, {"GET", "HEAD"}),
@@ -146,6 +148,7 @@ MODEL_PAGE = re.compile(r"^admin/(?P<app>\w+)/(?P<model>\w+)/(?P<rest>.*)$")
 
 
 LEGACY, CURRENT = "api/events/", "api/v1/events/"
+APP_LIST_ROUTE = re.compile(r"^admin/\^\(\?P<app_label>[\w|]+\)/\$$")
 
 
 def page_of(route, name):
@@ -156,6 +159,8 @@ def page_of(route, name):
         name = dict(patterns()).get(CURRENT + route[len(LEGACY) :])
     if name in API:
         return ("api", name)
+    if APP_LIST_ROUTE.match(route):
+        return ("site", APP_LIST)
     if route in SITE:
         return ("site", route)
     found = MODEL_PAGE.match(route)
@@ -257,7 +262,7 @@ def concrete(route, page, site):
         path = re.sub(r"<(?:path|int):object_id>|<id>", str(object_id), route)
     else:
         path = route.replace("<path:content_type_id>/<path:object_id>", "1/1")
-        path = path.replace("^(?P<app_label>auth|cleanup|django_q|axes|knox)/$", "cleanup/")
+        path = re.sub(r"\^\(\?P<app_label>[\w|]+\)/\$", "cleanup/", path)
         path = path.replace("(?P<url>.*)$", "no/such/page/")
         if "resources/<int:pk>" in path:
             path = path.replace("<int:pk>", str(site["row"].pk))
