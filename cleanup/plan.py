@@ -58,10 +58,16 @@ def cleanup_plan(run, *, live=False, max_rows=None):
     if max_rows is not None:
         rows = rows[:max_rows]
     rows = list(rows)
+    return _planned(run, rows, _groups(rows), max_attempts, live)
+
+
+def _planned(run, rows, groups, max_attempts, live):
+    """Each group's entry of the plan, in the order given; with ``live``, the leases' values
+    read now, bounded for the request (`read_live_many`)."""
     newer = _newer_leases(run, [r for r in rows if r.kind == LEASE_KIND])
     down = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
     plan = []
-    for group in _groups(rows):
+    for group in groups:
         verb, problem = _verb(group[0])
         entries = [_row(r, max_attempts, newer) for r in group]
         waits = (group[0].module, group[0].backend) in down
@@ -69,8 +75,7 @@ def cleanup_plan(run, *, live=False, max_rows=None):
             {"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer, waits), "rows": entries}
         )
     if live:
-        leased = [(r.pk, r.ref, r.backend) for group in _groups(rows) for r in group if r.kind == LEASE_KIND]
-        values = read_live_many(leased)
+        values = read_live_many([(r.pk, r.ref, r.backend) for r in rows if r.kind == LEASE_KIND])
         for group in plan:
             for entry in group["rows"]:
                 if entry["id"] in values:
@@ -125,26 +130,9 @@ def plan_of_groups(run, keys, *, live=False):
         else:
             key = (STEP_GROUP, row.step_id)
         by_key.setdefault(key, []).append(row)
-    newer = _newer_leases(run, [r for r in rows if r.kind == LEASE_KIND])
-    down = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
-    plan = []
-    for key in keys:
-        group = by_key.get(tuple(key))
-        if not group:
-            continue  # resolved since the keys were read
-        verb, problem = _verb(group[0])
-        entries = [_row(r, max_attempts, newer) for r in group]
-        waits = (group[0].module, group[0].backend) in down
-        plan.append(
-            {"verb": verb, "problem": problem, "next": _next(group[0], entries, verb, newer, waits), "rows": entries}
-        )
-    if live:
-        values = read_live_many([(r.pk, r.ref, r.backend) for r in rows if r.kind == LEASE_KIND])
-        for group in plan:
-            for entry in group["rows"]:
-                if entry["id"] in values:
-                    entry["lease"]["live"] = values[entry["id"]]
-    return plan
+    # A group resolved since the keys were read is left out.
+    groups = [by_key[tuple(key)] for key in keys if by_key.get(tuple(key))]
+    return _planned(run, rows, groups, max_attempts, live)
 
 
 def _groups(rows):
