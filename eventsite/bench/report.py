@@ -90,3 +90,53 @@ def fleet_table(result):
             f"given back {_n(r['given_back_s'], ' s')} after the restart {r['all']} (target {r['target_s']} s)",
         ]
     )
+
+
+def _machine(m):
+    return (
+        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
+        f"load {m['load_average']}"
+    )
+
+
+def scrape_table(result):
+    o = result["options"]
+    lines = [
+        _machine(result["machine"]),
+        f"a night of {o['runs']} x {o['steps']} x {o['resources']} rows given back and as many live, its backend down "
+        f"and each live run's first step failed; history {result['history']:,} resolved rows; medians of "
+        f"{o['repeats']} scrapes",
+        "",
+        f"{'metric':<44}{'no history':>12}{'with history':>14}{'max':>10}{'statements':>12}{'samples':>9}",
+    ]
+    for name, m in result["metrics"].items():
+        lines.append(
+            f"{name:<44}{_ms(m['no_history_ms']):>12}{_ms(m['with_history_ms']):>14}"
+            f"{_ms(m['with_history_max_ms']):>10}{m['statements']:>12}{m['samples']:>9}"
+        )
+    s = result["scrape_ms"]
+    lines.append(
+        f"the whole answer ({result['bytes']:,} bytes): {_n(s['no_history'], ' ms')} without history, "
+        f"{_n(s['with_history'], ' ms')} with it"
+    )
+    return "\n".join(lines)
+
+
+def prune_table(result):
+    o, s, p = result["options"], result["sweep"], result["prune"]
+    return "\n".join(
+        [
+            _machine(result["machine"]),
+            f"{result['rows']:,} rows in {result['groups']:,} groups given back by one sweeper; a pruning run of "
+            f"{p['runs']:,} runs ({p['rows']:,} rows, {p['batches']} batches of {p['batch']}) beside it; medians of "
+            f"{o['repeats']}",
+            "",
+            f"the sweep alone: {_n(s['alone_rows_per_s'])} rows/s {s['alone']}",
+            f"beside the prune: {_n(s['beside_prune_rows_per_s'])} rows/s {s['beside_prune']}: {_x(result['ratio'])}",
+            f"the prune took {_n(p['seconds'], ' s')} (median); beside {p['overlap']:.0%} of each sweep at least",
+        ]
+    )
+
+
+def _ms(value):
+    return "-" if value is None else f"{value:,.2f} ms"

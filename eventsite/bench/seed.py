@@ -11,13 +11,15 @@ from django.utils import timezone
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cleanup.models import Resource, Run, RunLog, Step
+from cleanup.models import Attempt, Counter, ModuleEvent, ModuleHealth, Resource, Run, RunLog, Step
 
 from .module import ACTION_ID, MODULE
 
 HISTORY_ROWS_PER_RUN = 20
 UNRESOLVED = ("live", "reverting", "failed", "drifted")
-TABLES = [m._meta.db_table for m in (RunLog, Resource, Step, Run)]
+TABLES = [m._meta.db_table for m in (Attempt, RunLog, Resource, Step, Run)]
+# The log a run given back leaves, one entry of each kind.
+TRACE_LOG = ("run.started", "step.performed", "run.completed", "cleanup.swept")
 
 
 def run_tables():
@@ -58,10 +60,16 @@ def _insert(model, exprs, source, returning):
     )
 
 
-def _seed(conn, runs, steps, per_step, resolved):
-    """Insert runs, their steps and their rows in one statement; answers the rows made."""
+def _seed(conn, runs, steps, per_step, resolved, ended_days_ago=0, traces=False):
+    """Insert runs, their steps and their rows in one statement; answers the rows made.
+
+    ``ended_days_ago``: when the runs ended (and their rows were given back, for resolved
+    ones), so that history can be old enough for retention to prune. ``traces``: resolved
+    rows also get the attempt that gave them back, and their runs a log.
+    """
     if runs <= 0 or steps <= 0 or per_step <= 0:
         return 0
+    ended = f"now() - interval '{int(ended_days_ago)} days'"
     run = _insert(
         Run,
         {
@@ -71,7 +79,7 @@ def _seed(conn, runs, steps, per_step, resolved):
             "auto_cleanup": "true",
             "created_at": "now()",
             "updated_at": "now()",
-            "ended_at": "now()",
+            "ended_at": ended,
         },
         f"generate_series(1, {int(runs)}) AS g",
         "id",
@@ -107,18 +115,54 @@ def _seed(conn, runs, steps, per_step, resolved):
         "last_error": "''",
         "created_at": "now()",
         "updated_at": "now()",
-        "resolved_at": "now() - interval '1 day'" if resolved else "NULL",
+        "resolved_at": f"{ended} - interval '1 day'" if resolved else "NULL",
     }
     if any(f.column == "action" for f in Resource._meta.concrete_fields):
         rows["action"] = f"'{ACTION_ID}'"  # the ledger keeps the action on the row too
-    resource = _insert(Resource, rows, f"steps CROSS JOIN generate_series(0, {int(per_step) - 1}) AS k", "1")
-    statement = sql.SQL("WITH runs AS ({run}), steps AS ({step}), made AS ({resource}) SELECT count(*) FROM made")
-    return conn.execute(statement.format(run=run, step=step, resource=resource)).fetchone()[0]
+    resource = _insert(Resource, rows, f"steps CROSS JOIN generate_series(0, {int(per_step) - 1}) AS k", "id, run_id")
+    parts = {"run": run, "step": step, "resource": resource}
+    traced = sql.SQL("")
+    if resolved and traces:
+        # What a run given back leaves behind: an attempt per row, and its log.
+        parts["attempt"] = _insert(
+            Attempt,
+            {
+                "resource_id": "made.id",
+                "run_id": "made.run_id",
+                "number": "1",
+                "at": f"{ended} - interval '1 day'",
+                "outcome": "'done'",
+                "error": "''",
+                "by": "'bench'",
+            },
+            "made",
+            "1",
+        )
+        parts["log"] = _insert(
+            RunLog,
+            {
+                "run_id": "runs.id",
+                "kind": "kinds.kind",
+                "detail": "'{}'::jsonb",
+                "at": ended,
+                # A place in the change feed after every place given, as the feed's stamper gives.
+                "seq": f"(SELECT coalesce(max(seq), 0) FROM {RunLog._meta.db_table}) + row_number() OVER ()",
+            },
+            f"runs CROSS JOIN unnest(ARRAY[{', '.join(repr(k) for k in TRACE_LOG)}]) AS kinds(kind)",
+            "1",
+        )
+        traced = sql.SQL(", attempts AS ({attempt}), logged AS ({log})")
+    statement = sql.SQL(
+        "WITH runs AS ({run}), steps AS ({step}), made AS ({resource}){traced} SELECT count(*) FROM made"
+    ).format(traced=traced.format(**parts), **parts)
+    return conn.execute(statement).fetchone()[0]
 
 
-def wipe(conn):
+def wipe(conn, modules=False):
+    """Empty the ledger; ``modules``: the modules' health and log and the metrics' counters too."""
+    tables = [*TABLES, *(m._meta.db_table for m in (ModuleHealth, ModuleEvent, Counter) if modules)]
     conn.execute(
-        sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(sql.SQL(", ").join(sql.Identifier(t) for t in TABLES))
+        sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(sql.SQL(", ").join(sql.Identifier(t) for t in tables))
     )
 
 
@@ -135,10 +179,12 @@ FROM pg_constraint WHERE contype = 'f' AND conrelid = ANY(%s::regclass[])
 """
 
 
-def seed_history(conn, rows):
+def seed_history(conn, rows, ended_days_ago=0, traces=False):
     """Resolved rows of finished runs; answers the last history run's id (0 for none).
 
     In one transaction, so an interrupted seed leaves the schema as it was.
+    ``ended_days_ago``: how long ago those runs ended (past the retention window, retention
+    may prune them); ``traces``: with their attempts and log, as the engine leaves them.
     """
     full, rest = divmod(rows, HISTORY_ROWS_PER_RUN)
     with conn.transaction():
@@ -148,8 +194,8 @@ def seed_history(conn, rows):
             rebuild += conn.execute(query, [TABLES]).fetchall()
         for _, drop in rebuild:
             conn.execute(drop)
-        _seed(conn, full, 1, HISTORY_ROWS_PER_RUN, resolved=True)
-        _seed(conn, 1 if rest else 0, 1, rest, resolved=True)
+        _seed(conn, full, 1, HISTORY_ROWS_PER_RUN, resolved=True, ended_days_ago=ended_days_ago, traces=traces)
+        _seed(conn, 1 if rest else 0, 1, rest, resolved=True, ended_days_ago=ended_days_ago, traces=traces)
         for create, _ in reversed(rebuild):
             conn.execute(create)
     conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(Resource._meta.db_table)))
@@ -174,10 +220,21 @@ def reseed_work(conn, after, runs, steps, per_step, analyze=True):
             conn.execute(
                 sql.SQL("DELETE FROM {} WHERE {} > %s").format(sql.Identifier(table), sql.Identifier(column)), [after]
             )
-    made = _seed(conn, runs, steps, per_step, resolved=False)
+    made = seed_work(conn, runs, steps, per_step)
     for table in TABLES if analyze else ():
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
     return made
+
+
+def seed_work(conn, runs, steps, per_step):
+    """A work set of ended runs whose rows are all live, beside whatever is there."""
+    return _seed(conn, runs, steps, per_step, resolved=False)
+
+
+def vacuum_analyze(conn):
+    """What autovacuum would have done by now: statistics and the visibility map."""
+    for table in run_tables():
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
 
 
 def count_rows(conn, after, states):

@@ -8,6 +8,12 @@ database. It answers one JSON line per command read from stdin:
 - ``{"do": "finder", "repeat": n}``: time the engine's finder, median in ms.
 - ``{"do": "sweep", "after": run_id}``: call ``cleanup.sweep.sweep()`` until no row of a
   run after ``after`` is unresolved; statements sent, seconds, peak RSS.
+- ``{"do": "night", "after": run_id}``: what a bad night leaves for the metrics to show:
+  the bench's backend marked down, the first step of each run after ``after`` failed past
+  the attempts' ceiling, an alert not yet delivered.
+- ``{"do": "scrape", "repeat": n}``: time ``/metrics``'s collector, metric by metric
+  (`eventsite.bench.scrape`).
+- ``{"do": "prune", "max_batches": n}``: one pruning run, as the scheduled task makes it.
 """
 
 import argparse
@@ -120,7 +126,7 @@ def sweep_to_the_end(after):
         statements += 1
         return execute(sql, params, many, context)
 
-    started = time.perf_counter()
+    t0, started = time.time(), time.perf_counter()
     idle_since = None
     while True:
         with connection.execute_wrapper(count):
@@ -137,18 +143,51 @@ def sweep_to_the_end(after):
         time.sleep(0.005)
     return {
         "seconds": time.perf_counter() - started,
+        "t0": t0,
+        "t1": time.time(),
         "statements": statements,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
+def bad_night(after):
+    from cleanup import outages
+    from cleanup.conf import max_revert_attempts
+    from cleanup.models import Alert, AlertChannel, Resource, Step
+
+    from .module import MODULE
+
+    outages.mark_down(MODULE, by="bench", reason="the bench's backend is down")
+    first_steps = Step.objects.filter(run_id__gt=after, position=0)
+    failed = Resource.objects.filter(step__in=first_steps).update(
+        state="failed", revert_attempts=max_revert_attempts(), last_error="bench: the module refused"
+    )
+    run_id = first_steps.values_list("run_id", flat=True).first()
+    Alert.objects.create(run_id=run_id, event="cleanup.gave_up", channel=AlertChannel.WEBHOOK, payload={})
+    return {"failed": failed}
+
+
+def prune_once(max_batches):
+    from cleanup.retention import prune
+
+    t0, started = time.time(), time.perf_counter()
+    result = prune(max_batches=max_batches)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "t0": t0, "t1": time.time(), "runs": result.runs, "batches": result.batches}
+
+
 def serve(action):
     from django.core.management import call_command
+
+    from .scrape import time_scrape
 
     handlers = {
         "migrate": lambda cmd: call_command("migrate", verbosity=0) or {},
         "finder": lambda cmd: time_finder(cmd.get("repeat", 25)),
         "sweep": lambda cmd: sweep_to_the_end(cmd["after"]),
+        "night": lambda cmd: bad_night(cmd["after"]),
+        "scrape": lambda cmd: time_scrape(cmd["repeat"]),
+        "prune": lambda cmd: prune_once(cmd["max_batches"]),
     }
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

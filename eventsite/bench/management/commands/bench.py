@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from eventsite.bench import fleet_night, measure, night
+from eventsite.bench import beside_prune, fleet_night, measure, night, scrape
 from eventsite.bench.progress import Progress
-from eventsite.bench.report import fleet_table, json_line, night_table, table
+from eventsite.bench.report import fleet_table, json_line, night_table, prune_table, scrape_table, table
 from eventsite.bench.scratch import BenchError
 
 
@@ -41,6 +41,13 @@ SWEEP_ONLY = ("runs", "steps", "resources", "history", "workers", "latency_ms")
 NIGHT_ONLY = ("samples", "night_runs", "night_steps", "creatures", "long_steps", "shard_latency_ms", "fleet")
 # Options of the fleet night only (--night --fleet N); the one-shard night refuses them.
 FLEET_ONLY = ("back_after_s", "tick_every_s")
+SCRAPE = scrape.ScrapeOptions()
+PRUNE = beside_prune.PruneOptions()
+# What --scrape and --beside-prune take; any other option of the sweep's is refused there.
+MODES = {
+    "scrape": ("runs", "steps", "resources", "history", "repeats"),
+    "beside_prune": ("runs", "steps", "resources", "prune_runs", "repeats"),
+}
 
 
 class Command(BaseCommand):
@@ -105,6 +112,26 @@ class Command(BaseCommand):
             help="while waiting for the return and the restart to be noticed, queue a tick this often; "
             f"0: only the schedule's, once a minute ({NIGHT.tick_every_s:g})",
         )
+        metrics = parser.add_argument_group("--scrape, --beside-prune: the costs of years in production")
+        metrics.add_argument(
+            "--scrape",
+            action="store_true",
+            help="time a /metrics scrape, metric by metric, after a bad night, without history and beside "
+            f"--history resolved rows ({SCRAPE.history:,}); --runs, --steps and --resources size the night "
+            f"({SCRAPE.runs} x {SCRAPE.steps} x {SCRAPE.resources}); medians of --repeats scrapes ({SCRAPE.repeats})",
+        )
+        metrics.add_argument(
+            "--beside-prune",
+            action="store_true",
+            help="the sweep's speed alone and beside a pruning run of --prune-runs runs past the retention "
+            f"window, in turn; medians of --repeats each ({PRUNE.repeats})",
+        )
+        metrics.add_argument(
+            "--prune-runs",
+            type=positive,
+            help="--beside-prune: runs past the window, 20 rows each (one scheduled pruning run's worth: "
+            "EVENT_PRUNE_BATCH x 20)",
+        )
         parser.add_argument(
             "--repeats",
             type=positive,
@@ -113,6 +140,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON line")
 
     def handle(self, *args, **o):
+        if o["scrape"] or o["beside_prune"]:
+            return self.handle_costs(o)
+        if o["prune_runs"] is not None:
+            raise CommandError("--prune-runs applies only with --beside-prune")
         wrong = [name for name in (NIGHT_ONLY if not o["night"] else SWEEP_ONLY) if o[name] is not None]
         if wrong:
             option = "--" + wrong[0].replace("_", "-")
@@ -134,6 +165,29 @@ class Command(BaseCommand):
         except BenchError as exc:
             raise CommandError(str(exc)) from None
         shown = fleet_table if o["fleet"] is not None else night_table if o["night"] else table
+        self.stdout.write(json_line(result) if o["json"] else shown(result))
+
+    def handle_costs(self, o):
+        mode = "scrape" if o["scrape"] else "beside_prune"
+        flag = "--" + mode.replace("_", "-")
+        if o["scrape"] and o["beside_prune"]:
+            raise CommandError("--scrape and --beside-prune are two benches: give one")
+        if o["night"]:
+            raise CommandError(f"{flag} applies without --night")
+        given = {name for name in (*SWEEP_ONLY, *NIGHT_ONLY, *FLEET_ONLY, "prune_runs") if o[name] is not None}
+        wrong = sorted(given - set(MODES[mode]))
+        if wrong:
+            raise CommandError(f"--{wrong[0].replace('_', '-')} does not apply to {flag}")
+        fields = {name: o[name] for name in MODES[mode] if o[name] is not None}
+        progress = Progress(self.stderr._out)
+        try:
+            if mode == "scrape":
+                result = scrape.run(scrape.ScrapeOptions(**fields), progress)
+            else:
+                result = beside_prune.run(beside_prune.PruneOptions(**fields), progress)
+        except BenchError as exc:
+            raise CommandError(str(exc)) from None
+        shown = scrape_table if mode == "scrape" else prune_table
         self.stdout.write(json_line(result) if o["json"] else shown(result))
 
     def sweep_options(self, o):
