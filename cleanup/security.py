@@ -53,10 +53,19 @@ def note_login(sender, request, user, **kwargs):
         session[LAST_SEEN] = int(time.time())
 
 
+def refreshes_itself(view):
+    """Marks a view a page reads again by itself (the admin's live fragments): reading it is
+    not a person's activity, so it does not hold an idle session open."""
+    view.refreshes_itself = True
+    return view
+
+
 class IdleSessionTimeout:
     """Logs out a session idle for longer than ``SESSION_IDLE_TIMEOUT`` seconds (0: never).
 
-    Goes after the authentication middleware. The time is written at most once a minute,
+    Goes after the authentication middleware. Every request of an idle session logs it
+    out; a request counts as activity unless its view `refreshes_itself`, so a live page
+    left open does not keep its session alive. The time is written at most once a minute,
     so a busy page does not save its session on every request.
     """
 
@@ -65,18 +74,33 @@ class IdleSessionTimeout:
     def __init__(self, get_response):
         self.get_response = get_response
 
-    def __call__(self, request):
+    def _clock(self, request):
+        """The session and its last activity, when the idle clock applies to this request."""
         timeout = getattr(settings, "SESSION_IDLE_TIMEOUT", 0)
         session = getattr(request, "session", None)
         user = getattr(request, "user", None)
-        if timeout and session is not None and user is not None and user.is_authenticated:
-            now = time.time()
-            last = session.get(LAST_SEEN)
-            if isinstance(last, int | float) and now - last > timeout:
+        if not timeout or session is None or user is None or not user.is_authenticated:
+            return None
+        last = session.get(LAST_SEEN)
+        return session, (last if isinstance(last, int | float) else None), timeout
+
+    def __call__(self, request):
+        clock = self._clock(request)
+        if clock is not None:
+            _session, last, timeout = clock
+            if last is not None and time.time() - last > timeout:
                 logout(request)
-            elif not isinstance(last, int | float) or now - last >= self.WRITE_EVERY_S:
-                session[LAST_SEEN] = int(now)
         return self.get_response(request)
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        clock = self._clock(request)
+        if clock is None or getattr(view_func, "refreshes_itself", False):
+            return None
+        session, last, _timeout = clock
+        now = time.time()
+        if last is None or now - last >= self.WRITE_EVERY_S:
+            session[LAST_SEEN] = int(now)
+        return None
 
 
 class NoStoreForApi:

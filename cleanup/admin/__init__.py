@@ -15,7 +15,8 @@ sentences, and `guards` the middleware that keeps malformed input from them. Imp
 the package registers every page; nothing imports it but Django's admin autodiscovery,
 the template tags (`lists`, `live`) and the settings (`guards`).
 May import: the engine's entry points (`manual`, `runner`, `plan`, `outages`, `sweep`), the
-models, conf, `validation`, `timeline`, `calls` (a backend's name); nothing of the engine
+models, conf, `validation`, `timeline`, `calls` (a backend's name), `security` (what a live
+fragment is to the idle clock); nothing of the engine
 imports it.
 """
 

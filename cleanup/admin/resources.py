@@ -21,6 +21,7 @@ from .. import validation
 from ..conf import max_revert_attempts
 from ..manual import waive
 from ..models import UNRESOLVED, Resource, ResourceState, Run, backend_name
+from ..security import refreshes_itself
 from .lists import (
     BackendColumnMixin,
     BackendFilter,
@@ -158,7 +159,8 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         return super().changelist_view(request, {"live_src": live_src, **(extra_context or {})})
 
     def get_urls(self):
-        view = self.admin_site.admin_view(require_safe(self.live_rows))  # read, never written to
+        # Read, never written to; read by the page itself, so not a person's activity.
+        view = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_rows)))
         view.model_admin = self  # the input guard checks its query as any page's of this admin
         return [path("live/", view, name="cleanup_resource_live"), *super().get_urls()]
 

@@ -24,6 +24,7 @@ from ..manual import check_cleanup, request_cleanups
 from ..models import UNRESOLVED, Resource, ResourceState, Run, RunLog, RunStatus, Step
 from ..plan import WAITING, cleanup_plan, unread_ids
 from ..runner import RunStateError, cancel_run
+from ..security import refreshes_itself
 from ..sweep import CleanupRefused
 from . import live
 from .lists import (
@@ -93,9 +94,10 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
 
     def get_urls(self):
         # A fragment is read, never written to: GET and HEAD alone.
-        run = self.admin_site.admin_view(require_safe(self.live_view))
+        # Read by the page itself: not a person's activity for the idle session's clock.
+        run = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_view)))
         run.model_admin = self  # the input guard checks its query as any page's of this admin
-        index = self.admin_site.admin_view(require_safe(live.index_fragment))
+        index = refreshes_itself(self.admin_site.admin_view(require_safe(live.index_fragment)))
         return [
             path("<int:object_id>/live/", run, name="cleanup_run_live"),
             path("live-index/", index, name="cleanup_live_index"),

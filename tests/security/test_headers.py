@@ -134,6 +134,31 @@ def test_a_session_idle_longer_than_the_timeout_is_logged_out(root):
         assert root.get("/admin/").status_code == 302  # logged out for good
 
 
+def test_a_live_page_left_open_does_not_keep_its_session_alive(root, run):
+    """The fragments a live page reads by itself every few seconds are not a person's activity."""
+    now = timezone.now()
+    fragments = ("/admin/cleanup/run/live-index/", f"/admin/cleanup/run/{run.pk}/live/", "/admin/cleanup/resource/live/")
+    assert root.get("/admin/").status_code == 200
+    for minute in range(1, 60, 3):  # the page refreshes itself all hour long
+        with time_machine.travel(now + timedelta(minutes=minute)):
+            for path in fragments:
+                assert root.get(path).status_code == 200, path
+    with time_machine.travel(now + timedelta(minutes=61)):  # no person for 61 minutes
+        answer = root.get(fragments[1])
+        assert answer.status_code == 302 and "/admin/login/" in answer["Location"]
+        assert root.get("/admin/").status_code == 302
+
+
+def test_a_person_on_the_page_keeps_the_session_alive_while_it_refreshes(root, run):
+    now = timezone.now()
+    assert root.get("/admin/").status_code == 200
+    with time_machine.travel(now + timedelta(minutes=50)):
+        assert root.get(f"/admin/cleanup/run/{run.pk}/change/").status_code == 200  # a person clicks
+    with time_machine.travel(now + timedelta(minutes=100)):
+        assert root.get(f"/admin/cleanup/run/{run.pk}/live/").status_code == 200
+        assert root.get("/admin/").status_code == 200
+
+
 def django_q_staff():
     user = User.objects.create_user("scheduler", password="pw-123456789", is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_q"))

@@ -204,6 +204,12 @@
         busy = true;
         fetch(src, {credentials: 'same-origin', headers: {'X-Requested-With': 'XMLHttpRequest'}})
             .then(function (response) {
+                if (response.redirected) {
+                    // The session ended (idle, or signed out elsewhere): the page itself
+                    // now leads to the login, so it is loaded again rather than left stale.
+                    window.location.reload();
+                    throw new Error('signed out');
+                }
                 if (!response.ok) {
                     throw new Error('the server answered ' + response.status);
                 }
