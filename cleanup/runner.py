@@ -617,29 +617,25 @@ def _record_outcome(step, performed):
         if Step.objects.filter(pk=step.pk, status=StepStatus.CANCELLED, attempts=step.attempts).update(
             last_error=performed.error
         ):
-            RunLog.write(
-                step.run_id,
-                LogKind.STEP_FAILED,
-                position=step.position,
-                action=step.action_id,
-                attempt=step.attempts,
-                error=performed.error,
-                retrying=False,
-            )
+            _log_step_failed(step, performed.error, retrying=False)
         return now
+    _log_step_failed(step, performed.error, retrying=not last)
+    if last:
+        _end(step.run_id, RunStatus.ABORTED, LogKind.RUN_ABORTED, position=step.position, error=performed.error)
+        return now
+    return retry_at
+
+
+def _log_step_failed(step, error, *, retrying):
     RunLog.write(
         step.run_id,
         LogKind.STEP_FAILED,
         position=step.position,
         action=step.action_id,
         attempt=step.attempts,
-        error=performed.error,
-        retrying=not last,
+        error=error,
+        retrying=retrying,
     )
-    if last:
-        _end(step.run_id, RunStatus.ABORTED, LogKind.RUN_ABORTED, position=step.position, error=performed.error)
-        return now
-    return retry_at
 
 
 # -- the tick -------------------------------------------------------------------------

@@ -111,8 +111,10 @@ def svg(run):
         _label(LEFT - 4, CHART_BOTTOM + 4, "0", anchor="end"),
     ]
     parts += _step_marks(run, x)
-    parts += _log_marks(run, x)
-    if run.cleanup_status == CleanupStatus.COMPLETE and span["resolved"]:
+    complete = run.cleanup_status == CleanupStatus.COMPLETE and span["resolved"]
+    # The completion bar stands for the cleanup's last recovery too: one bar, not two.
+    parts += _log_marks(run, x, completion_drawn=bool(complete))
+    if complete:
         parts.append(_bar(x(span["resolved"]), "#447e36", f"cleanup complete at {_t(span['resolved'])}"))
     # The curves over the bars, the give-backs over what was taken, each to the right edge.
     tail = start + timedelta(seconds=shown)
@@ -233,14 +235,19 @@ def _end_labels(ends, left):
     return out
 
 
-def _log_marks(run, x):
+def _log_marks(run, x, completion_drawn=False):
+    """The log's marks, newest first; with ``completion_drawn``, the newest recovery is that bar."""
     marks = []
     entries = (
         RunLog.objects.filter(run=run, kind__in=list(MARKED))
         .order_by("-id")
         .values_list("kind", "at", "detail")[:MARKERS]
     )
+    skip_recovery = completion_drawn
     for kind, at, detail in entries:
+        if kind == LogKind.CLEANUP_RECOVERED and skip_recovery:
+            skip_recovery = False
+            continue
         name, color = MARKED[kind]
         error = detail.get("error", "") if isinstance(detail, dict) else ""
         text = f"{name} at {_t(at)}" + (f": {error[:200]}" if error else "")

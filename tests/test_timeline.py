@@ -119,3 +119,21 @@ def test_the_picture_scales_to_the_page_width():
     head = re.match(r"<svg[^>]*>", str(timeline.svg(run)))[0]
     assert f'viewBox="0 0 {timeline.WIDTH} {timeline.HEIGHT}"' in head
     assert 'width="100%"' in head and "height=" not in head
+
+
+def test_a_cleanup_that_completed_is_one_bar_and_an_earlier_recovery_keeps_its_own():
+    run, began, now = ended_run(cleanup_status="complete")
+    Resource.objects.filter(run=run).update(state="reverted", resolved_at=now)
+    RunLog.objects.create(run=run, kind="cleanup.recovered", at=now, detail={})
+    svg = str(timeline.svg(run))
+    assert svg.count("<title>cleanup complete") == 1 and "cleanup completed at" not in svg
+
+    # Recovered once, gave up again, then completed: the first recovery is its own bar.
+    earlier = began + timedelta(seconds=20)
+    RunLog.objects.create(run=run, kind="cleanup.recovered", at=earlier, detail={})
+    RunLog.objects.filter(run=run, at=now).delete()
+    RunLog.objects.create(run=run, kind="cleanup.gave_up", at=earlier + timedelta(seconds=5), detail={})
+    RunLog.objects.create(run=run, kind="cleanup.recovered", at=now, detail={})
+    svg = str(timeline.svg(run))
+    assert svg.count("<title>cleanup complete at") == 1
+    assert svg.count("<title>cleanup completed at") == 1 and "cleanup gave up at" in svg
