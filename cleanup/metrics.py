@@ -13,7 +13,7 @@ Every name starts with ``EVENT_METRICS_NAMESPACE`` (a site sets its own name the
   ``_oldest_unresolved_seconds``; ``_backend_up{module,backend}``; ``_alerts_pending``;
 - ``_module_calls_total{module,backend,verb,outcome}``, ``_module_call_seconds{module,
   backend,verb}`` (a histogram), ``_sweep_passes_total``, ``_sweep_rows_total{verdict}``.
-May import: the models, conf, `counters`, `outages` and the admin's list helpers.
+May import: the models, conf, `counters`, `outages`, `tally` and the admin's list helpers.
 """
 
 import hmac
@@ -29,9 +29,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import counters, outages
+from . import counters, outages, tally
 from .conf import max_revert_attempts, setting
-from .models import UNRESOLVED, Alert, Counter, ModuleState, Resource, Run
+from .models import UNRESOLVED, Alert, Counter, ModuleState, Resource
 
 
 def allowed(request):
@@ -89,9 +89,9 @@ class Collector:
             self.name("rows_waiting_for_person"),
             "Unresolved rows of ended runs the sweep will not try again: a person retries or waives them.",
         )
-        from .admin.lists import ended_unresolved, retrying_q
+        from .admin.lists import ended_unresolved, waiting_q
 
-        waiting.add_metric([], ended_unresolved().exclude(retrying_q(max_revert_attempts())).count())
+        waiting.add_metric([], ended_unresolved().filter(waiting_q(max_revert_attempts())).count())
         yield waiting
         oldest = unresolved.aggregate(at=Min("created_at"))["at"]
         age = GaugeMetricFamily(
@@ -104,8 +104,9 @@ class Collector:
         family = GaugeMetricFamily(
             self.name("runs"), "Runs by status and cleanup status.", labels=["status", "cleanup_status"]
         )
-        for found in Run.objects.values("status", "cleanup_status").annotate(n=Count("id")).order_by():
-            family.add_metric([found["status"], found["cleanup_status"]], found["n"])
+        # Every pair, zero where there is none, from the runs' tally (`cleanup.tally`).
+        for (status, cleanup_status), n in tally.counts().items():
+            family.add_metric([status, cleanup_status], n)
         return family
 
     def backends(self):

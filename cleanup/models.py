@@ -169,6 +169,8 @@ class Run(models.Model):
             models.Index(fields=["id"], name="run_incomplete_idx", condition=Q(cleanup_status="incomplete")),
             # cleanup.sweep.statuses.repair_statuses: runs still waiting for their cleanup.
             models.Index(fields=["id"], name="run_cleanup_pending_idx", condition=Q(cleanup_status="pending")),
+            # The metrics' and the admin's rows waiting for a person: runs left to a person (few).
+            models.Index(fields=["id"], name="run_by_hand_idx", condition=Q(auto_cleanup=False)),
             # cleanup.alerts.notice: transitions staff have not been told about.
             models.Index(
                 fields=["id"],
@@ -726,6 +728,28 @@ class Counter(models.Model):
 
     def __str__(self):
         return f"{self.key} {self.value}"
+
+
+class RunTally(models.Model):
+    """How many runs there are of each status and cleanup status, as changes to add up.
+
+    On PostgreSQL, triggers on the runs table (migration 0021) append a change here for
+    every run inserted, deleted, or moved to another status or cleanup status, whichever
+    code or statement did it; `cleanup.tally` adds them up for the metrics in one small
+    query and folds them into one row per pair now and then. Appending never waits for
+    another writer, so runs changing status at once never queue on a count. Elsewhere
+    (SQLite, the demo) nothing writes here and the runs are counted directly.
+    """
+
+    status = models.CharField(max_length=16)
+    cleanup_status = models.CharField(max_length=16)
+    delta = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.status}/{self.cleanup_status} {self.delta:+d}"
 
 
 class IdempotencyKeyQuerySet(models.QuerySet):

@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, outages, registry, validation, wakeup
+from . import calls, ledger, outages, registry, tally, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
 from .logs import about, log_context
@@ -686,8 +686,10 @@ def tick(by="tick"):
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
     if not past(deadline):
         result.watched = _watch()
-    # The API's expired Idempotency-Keys go here, a bounded batch at a time.
+    # The API's expired Idempotency-Keys go here, a bounded batch at a time, and the runs'
+    # tally is folded to a row per pair, so that a scrape adds up a minute's changes at most.
     IdempotencyKey.objects.prune()
+    tally.fold()
     if result.work_left:
         queue_tick()
     else:

@@ -150,3 +150,33 @@ def test_a_placeholder_with_nothing_else_left_of_its_step_waits_for_a_person(cli
     assert count(page, "count-retrying") == "1"
     retrying_link = re.search(r'href="([^"]+)" id="count-retrying"', page)[1].replace("&amp;", "&")
     assert refs_listed(client, retrying_link) == {retrying[1].ref}
+
+
+def test_waiting_and_retrying_split_the_rows_of_ended_runs_exactly():
+    """`waiting_q` is written without negating `retrying_q` (for its plan); it must still be its complement."""
+    import itertools
+
+    from cleanup.admin.lists import ended_unresolved, retrying_q, waiting_q
+
+    states = ["live", "reverting", "failed", "drifted", "reverted"]
+    expected_waiting = set()
+    expected_retrying = set()
+    for status, auto in itertools.product([RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.CANCELLED], [True, False]):
+        run = make_run(status=status, auto_cleanup=auto)
+        for state, retryable, attempts in itertools.product(states, [True, False], [0, 2, 3]):
+            r = row(
+                run,
+                f"{status}-{auto}-{state}-{retryable}-{attempts}",
+                state=state,
+                retryable=retryable,
+                revert_attempts=attempts,
+            )
+            if status == RunStatus.RUNNING or state == "reverted":
+                continue
+            retried = state == "reverting" or (state in ("live", "failed") and retryable and attempts < 3)
+            (expected_retrying if auto and retried else expected_waiting).add(r.pk)
+
+    rows = ended_unresolved()
+    assert set(rows.filter(waiting_q(3)).values_list("pk", flat=True)) == expected_waiting
+    assert set(rows.filter(retrying_q(3)).values_list("pk", flat=True)) == expected_retrying
+    assert expected_waiting and expected_retrying

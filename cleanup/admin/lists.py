@@ -14,7 +14,7 @@ import functools
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.template.defaultfilters import truncatechars
 from django.urls import URLPattern, reverse
 from django.utils import timezone
@@ -79,14 +79,33 @@ def ended_unresolved(rows=None):
     a count and its list agree.
     """
     rows = Resource.objects.all() if rows is None else rows
-    return rows.filter(state__in=UNRESOLVED, run__status__in=TERMINAL).without_covered_placeholders()
+    # "Not of a running run" rather than a join with the ended ones: read beside the few
+    # running runs' partial index, not beside every run the retention window keeps.
+    running = Run.objects.filter(pk=OuterRef("run_id"), status=RunStatus.RUNNING)
+    return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
 
 
 def retrying_q(max_attempts):
     """Unresolved rows the automatic sweep will still try: attempts left, or in hand now."""
-    return Q(run__auto_cleanup=True) & (
+    # The run's flag read by its primary key for each row (an EXISTS), never by joining runs.
+    automatic = Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=True))
+    return automatic & (
         Q(state=ResourceState.REVERTING) | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
     )
+
+
+def waiting_q(max_attempts):
+    """Unresolved rows the automatic sweep will not try again: a person retries or waives them.
+
+    Exactly the rows `retrying_q` leaves out, written without negating it: a run left to a
+    person is found through the partial index of such runs (they are few), not by reading
+    every run that cleans up by itself.
+    """
+    by_hand = Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=False))
+    retried = Q(state=ResourceState.REVERTING) | Q(
+        state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts
+    )
+    return by_hand | ~retried
 
 
 def attention(user):
@@ -103,7 +122,7 @@ def attention(user):
         max_attempts = max_revert_attempts()
         rows = ended_unresolved()
         found["retrying"] = rows.filter(retrying_q(max_attempts)).count()
-        found["waiting"] = rows.exclude(retrying_q(max_attempts)).count()
+        found["waiting"] = rows.filter(waiting_q(max_attempts)).count()
         oldest = rows.order_by("created_at", "id").values("id", "created_at").first()
         if oldest:
             found["oldest"] = {
@@ -172,7 +191,7 @@ class NeedsFilter(admin.SimpleListFilter):
         if self.value() == "retrying":
             return ended_unresolved(queryset).filter(retrying_q(max_attempts))
         if self.value() == "waiting":
-            return ended_unresolved(queryset).exclude(retrying_q(max_attempts))
+            return ended_unresolved(queryset).filter(waiting_q(max_attempts))
         return queryset
 
 

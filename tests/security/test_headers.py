@@ -137,7 +137,11 @@ def test_a_session_idle_longer_than_the_timeout_is_logged_out(root):
 def test_a_live_page_left_open_does_not_keep_its_session_alive(root, run):
     """The fragments a live page reads by itself every few seconds are not a person's activity."""
     now = timezone.now()
-    fragments = ("/admin/cleanup/run/live-index/", f"/admin/cleanup/run/{run.pk}/live/", "/admin/cleanup/resource/live/")
+    fragments = (
+        "/admin/cleanup/run/live-index/",
+        f"/admin/cleanup/run/{run.pk}/live/",
+        "/admin/cleanup/resource/live/",
+    )
     assert root.get("/admin/").status_code == 200
     for minute in range(1, 60, 3):  # the page refreshes itself all hour long
         with time_machine.travel(now + timedelta(minutes=minute)):
