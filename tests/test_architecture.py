@@ -178,3 +178,23 @@ def test_every_module_says_what_it_is_for_and_what_it_may_import():
         if "may import" not in doc.lower():
             silent.append(name)
     assert silent == []
+
+
+def test_a_process_that_only_sweeps_loads_no_schema_machinery():
+    """A sweeper or a cluster worker sets Django up and runs the engine: drf-spectacular's
+    schema machinery (which pulls in requests, yaml, jinja2, ~20 MB) is the API's alone."""
+    import subprocess
+    import sys
+
+    code = (
+        "import django, sys; django.setup(); import cleanup.sweep, cleanup.tasks, cleanup.runner, cleanup.metrics; "
+        "from django.contrib import admin; admin.autodiscover(); "
+        "print(sorted(m for m in ('drf_spectacular.plumbing', 'drf_spectacular.extensions', 'requests', 'yaml') "
+        "if m in sys.modules))"
+    )
+    env = {"DJANGO_SETTINGS_MODULE": "eventsite.settings", "DEBUG": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=APP.parent, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

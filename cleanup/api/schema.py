@@ -1,9 +1,26 @@
-"""Schema post-processing: what the API refuses, the schema says it refuses.
+"""The schema's own parts: what the API refuses, the schema says it refuses (a
+post-processing hook), and the name of its token authentication (an extension).
 
+Imported by the API's URLs, so only a process that serves the API loads drf-spectacular's
+schema machinery (a sweeper or a cluster worker never does).
 May import: drf-spectacular and the API's errors.
 """
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
+
 from .errors import CODES, codes_of
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    """The schema's name for `tokens.TokenAuthentication`: ``tokenAuth``, ``Authorization: Token <key>``."""
+
+    target_class = "cleanup.api.tokens.TokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token")
+
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 # What each error status means, for its response's description.

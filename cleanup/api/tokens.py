@@ -27,8 +27,6 @@ from datetime import timedelta
 
 from django.core.cache import cache
 from django.db.models.signals import post_save, pre_save
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from knox.models import AuthToken
 from knox.settings import CONSTANTS
@@ -152,13 +150,3 @@ class TokenAuthentication(KnoxTokenAuthentication):
         if not TOKEN_SHAPE.fullmatch(text):
             raise exceptions.AuthenticationFailed("Invalid token.")
         return super().authenticate_credentials(token)
-
-
-class TokenScheme(OpenApiAuthenticationExtension):
-    """The schema's name for this authentication: ``tokenAuth``, ``Authorization: Token <key>``."""
-
-    target_class = "cleanup.api.tokens.TokenAuthentication"
-    name = "tokenAuth"
-
-    def get_security_definition(self, auto_schema):
-        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token")

@@ -8,7 +8,7 @@ May import: the API's views (`views`, `module_views`, `feed`).
 
 from django.urls import path
 
-from . import feed, module_views, views
+from . import feed, module_views, schema, views  # noqa: F401 (schema: its extension registers)
 
 urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="events-runs"),
