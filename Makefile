@@ -40,7 +40,8 @@ demo: $(STAMP)
 # and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
 # server in DATABASE_URL, else the local one; see docs/benchmarks.md. Options through BENCH_ARGS,
 # e.g. BENCH_ARGS="--resources 1 --workers 2 --json"; BENCH_ARGS="--night": time to clean
-# through a real sandbox shard and django-q2 cluster.
+# through a real sandbox shard and django-q2 cluster; BENCH_ARGS="--scrape": /metrics beside
+# a million resolved rows; BENCH_ARGS="--beside-prune": the sweep alone and beside a prune.
 bench: $(STAMP)
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/eventsite}" DEBUG=1 \
 	    $(PY) manage.py bench $(BENCH_ARGS)
