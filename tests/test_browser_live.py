@@ -210,3 +210,33 @@ def test_a_runs_page_shows_its_cleanup_complete_by_itself_and_the_ledger_keeps_a
             assert errors == [], f"the browser reported errors: {errors}"
         finally:
             browser.close()
+
+
+def test_a_live_page_whose_session_ended_goes_to_the_login_page_by_itself(site, monkeypatch):
+    """The session ends while the page is open (idle, or signed out elsewhere): the page's
+    next read is sent to the login, and the page loads it rather than stay stale."""
+    from playwright.sync_api import expect, sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+    from django.contrib.sessions.models import Session
+
+    url, raid = site["url"], site["raid"]
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        try:
+            page.goto(f"{url}/admin/login/")
+            page.fill("#id_username", "root")
+            page.fill("#id_password", "pw-123456789")
+            page.click("input[type=submit]")
+            page.goto(f"{url}/admin/cleanup/run/{raid.pk}/change/")
+            expect(page.locator("#live-state")).to_have_text("Live")
+            wait_for_updates(page, more=1)
+
+            Session.objects.all().delete()
+
+            expect(page.locator("#id_username")).to_be_visible(timeout=SEEN_WITHIN_MS)
+            assert "/admin/login/" in page.url and f"next=/admin/cleanup/run/{raid.pk}/change/" in page.url
+            shot(page, "live-session-ended")
+        finally:
+            browser.close()

@@ -347,7 +347,8 @@ class LogKindFilter(admin.SimpleListFilter):
 
 
 def permission_first(model_admin, view, needs_add=False):
-    """``view``, refused with 403 before it runs unless the user may see the model's pages.
+    """``view``, refused with 403 before it runs unless the user may see the model's pages
+    (who is not signed in as staff is sent to the login page, as everywhere in the admin).
 
     Django's own views check their permission, but only once they are running: a page that
     reads rows or calls a module before handing over to them (a run's page, module
@@ -357,6 +358,10 @@ def permission_first(model_admin, view, needs_add=False):
 
     @functools.wraps(view)
     def gated(request, *args, **kwargs):
+        if not model_admin.admin_site.has_permission(request):
+            # Not signed in as active staff: the admin's own wrapper sends them to the login
+            # page (with ``next``) before anything of the view runs, as on Django's own pages.
+            return view(request, *args, **kwargs)
         allowed = (
             model_admin.has_add_permission(request) if needs_add else model_admin.has_view_or_change_permission(request)
         )

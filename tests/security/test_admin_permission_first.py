@@ -132,3 +132,24 @@ def test_all_three_show_everything_with_the_timeline(client, lease, run_with_lea
     text = client.get(reverse("admin:cleanup_run_change", args=[run_with_lease.pk])).content.decode()
     assert all(f'id="{part}"' in text for part in ("timeline", "rows", "plan", "steps", "log"))
     assert lease.reads == 0  # no ?live=1, no read
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "admin:cleanup_run_changelist",
+        "admin:cleanup_run_change",
+        "admin:cleanup_run_live",
+        "admin:cleanup_resource_changelist",
+        "admin:cleanup_modulehealth_changelist",
+    ],
+)
+def test_who_is_not_signed_in_is_sent_to_the_login_page_without_a_query_of_the_app(client, run_with_lease, page):
+    """As on Django's own pages: the login, then back here (a link followed while signed out,
+    a live page whose session ended), not a bare 403; and still nothing read before."""
+    path = reverse(page, args=[run_with_lease.pk] if page.endswith(("_change", "_live")) else [])
+    with CaptureQueriesContext(connection) as captured:
+        answer = client.get(path)
+    assert answer.status_code == 302
+    assert answer["Location"] == f"{reverse('admin:login')}?next={path}"
+    assert app_queries(captured) == []
