@@ -85,13 +85,19 @@ def ended_unresolved(rows=None):
     return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
 
 
+def _tried_again_q(max_attempts):
+    """Rows the sweep would try again if their run cleans up by itself: attempts left, or in hand now."""
+    return Q(state=ResourceState.REVERTING) | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
+
+
+def _run_cleans_up_by_itself(flag):
+    # The run's flag read by its primary key for each row (an EXISTS), never by joining runs.
+    return Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=flag))
+
+
 def retrying_q(max_attempts):
     """Unresolved rows the automatic sweep will still try: attempts left, or in hand now."""
-    # The run's flag read by its primary key for each row (an EXISTS), never by joining runs.
-    automatic = Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=True))
-    return automatic & (
-        Q(state=ResourceState.REVERTING) | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
-    )
+    return _run_cleans_up_by_itself(True) & _tried_again_q(max_attempts)
 
 
 def waiting_q(max_attempts):
@@ -101,11 +107,7 @@ def waiting_q(max_attempts):
     person is found through the partial index of such runs (they are few), not by reading
     every run that cleans up by itself.
     """
-    by_hand = Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=False))
-    retried = Q(state=ResourceState.REVERTING) | Q(
-        state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts
-    )
-    return by_hand | ~retried
+    return _run_cleans_up_by_itself(False) | ~_tried_again_q(max_attempts)
 
 
 def attention(user):
