@@ -18,26 +18,18 @@ from cleanup.conf import setting
 from cleanup.tasks import PRUNE_TASK_BATCHES
 
 from . import seed
-from .measure import Worker, collect
+from .measure import Worker, WorkSet, collect
 from .scratch import BenchError, connect, ensure_database, machine, scratch_url
 
 
 @dataclass(frozen=True)
-class PruneOptions:
+class PruneOptions(WorkSet):
     runs: int = 200
     steps: int = 5
     resources: int = 20
     # Runs past the window: one scheduled pruning run's worth by default (set in `run`).
     prune_runs: int = 0
     repeats: int = 5
-
-    @property
-    def rows(self):
-        return self.runs * self.steps * self.resources
-
-    @property
-    def groups(self):
-        return self.runs * self.steps
 
 
 class BesidePrune:
@@ -81,12 +73,10 @@ class BesidePrune:
     def measure(self, way, label, sweeper, pruner):
         after = self.prepare(label)
         self.progress.phase(label, self.o.rows)
-        workers = [sweeper]
         if way == "beside":
             pruner.send(do="prune", max_batches=PRUNE_TASK_BATCHES)
         sweeper.send(do="sweep", after=after)
-        answers = collect(workers, self.poll(after))
-        sweep = answers[0]
+        (sweep,) = collect([sweeper], self.poll(after))
         if way == "beside":
             prune = pruner.read()
             self.figures["prune_s"].append(prune["seconds"])

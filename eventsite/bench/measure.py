@@ -24,15 +24,8 @@ FINDER_REPEAT = 25
 PLAIN_SQL_CONCURRENCY = 8
 
 
-@dataclass(frozen=True)
-class Options:
-    runs: int = 200
-    steps: int = 5
-    resources: int = 20
-    history: int = 0
-    workers: int = 1
-    latency_ms: int = 0
-    repeats: int = 3
+class WorkSet:
+    """The size of a bench's work set, from its ``runs``, ``steps`` and ``resources``."""
 
     @property
     def rows(self):
@@ -41,6 +34,17 @@ class Options:
     @property
     def groups(self):
         return self.runs * self.steps
+
+
+@dataclass(frozen=True)
+class Options(WorkSet):
+    runs: int = 200
+    steps: int = 5
+    resources: int = 20
+    history: int = 0
+    workers: int = 1
+    latency_ms: int = 0
+    repeats: int = 3
 
 
 class Worker(LineChild):

@@ -9,7 +9,8 @@ delivered. Then a sweeper process on the scratch database scrapes ``repeats`` ti
 the collector ``/metrics`` serves (`cleanup.metrics.Collector`), timing each metric family
 from the end of the one before it, with the statements it sent; and the whole answer as
 the view makes it (counters flushed, the text rendered). The same again after
-``history`` resolved rows in runs that ended long ago. Figures are medians.
+``history`` resolved rows in runs that ended a day ago, with their attempts and log.
+Figures are medians.
 """
 
 import statistics
