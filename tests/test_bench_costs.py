@@ -97,3 +97,47 @@ def test_the_sweep_is_measured_alone_and_beside_a_whole_pruning_run(scratch):  #
 def test_the_cost_benches_refuse_options_that_do_not_apply(args, message):
     with pytest.raises(CommandError, match=message):
         call_command("bench", *args, stdout=StringIO(), stderr=StringIO())
+
+
+def test_without_json_each_cost_bench_prints_a_table_for_a_person(scratch):  # noqa: F811
+    out = StringIO()
+    call_command(
+        "bench",
+        "--scrape",
+        "--history",
+        "0",
+        "--runs",
+        "1",
+        "--steps",
+        "1",
+        "--resources",
+        "2",
+        "--repeats",
+        "1",
+        stdout=out,
+        stderr=StringIO(),
+    )
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("machine: ") and " load " in lines[0]
+    assert any(line.startswith(f"{NS}_runs ") for line in lines)
+    assert "the whole answer" in lines[-1]
+
+    out = StringIO()
+    call_command(
+        "bench",
+        "--beside-prune",
+        "--prune-runs",
+        "2",
+        "--runs",
+        "1",
+        "--steps",
+        "1",
+        "--resources",
+        "1",
+        "--repeats",
+        "1",
+        stdout=out,
+        stderr=StringIO(),
+    )
+    text = out.getvalue()
+    assert text.startswith("machine: ") and "the sweep alone:" in text and "beside the prune:" in text

@@ -18,7 +18,7 @@ def _n(value, unit=""):
 def table(result):
     o, m, f = result["options"], result["machine"], result["finder_ms"]
     lines = [
-        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}",
+        _machine(m),
         f"{o['runs']} runs x {o['steps']} steps x {o['resources']} rows: {result['rows']:,} rows in "
         f"{result['groups']:,} groups; history {o['history']:,} resolved rows; module latency {o['latency_ms']} ms; "
         f"medians of {o['repeats']}",
@@ -46,8 +46,7 @@ def night_table(result):
     o, m, t = result["options"], result["machine"], result["time_to_clean_ms"]
     broker = result["broker"] + (f", polling every {result['poll_s']:g} s" if result["poll_s"] else "")
     lines = [
-        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
-        f"load {m['load_average_at_start']} before, {m['load_average']} after",
+        _machine(m),
         f"django-q2 on {broker}, {result['cluster_workers']} workers; the shard answers in {o['latency_ms']} ms "
         "while runs are given back",
         "",
@@ -72,8 +71,7 @@ def fleet_table(result):
     broker = result["broker"] + (f", polling every {result['poll_s']:g} s" if result["poll_s"] else "")
     return "\n".join(
         [
-            f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
-            f"load {m['load_average_at_start']} before, {m['load_average']} after",
+            _machine(m),
             f"django-q2 on {broker}, {result['cluster_workers']} workers; {f['shards']} shards answering in "
             f"{o['latency_ms']} ms, {f['down']} down; {f['runs']} runs x {o['steps']} groups x {o['creatures']} rows "
             f"({f['spread']}); medians of {o['repeats']}",
@@ -93,10 +91,13 @@ def fleet_table(result):
 
 
 def _machine(m):
-    return (
-        f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, "
-        f"load {m['load_average']}"
+    """The machine's line: what it is, and how busy it was (before and after, where both were read)."""
+    load = (
+        f"{m['load_average_at_start']} before, {m['load_average']} after"
+        if "load_average_at_start" in m
+        else m["load_average"]
     )
+    return f"machine: {m['cpus']} cpus, {m['cpu']}, PostgreSQL {m['postgresql']}, Python {m['python']}, load {load}"
 
 
 def scrape_table(result):
