@@ -247,6 +247,11 @@ class Step(models.Model):
         return f"{self.run_id}.{self.position} {self.action_id}"
 
 
+# A dead claim whose attempt was not spent by a call of its own: its module was never
+# called, or it was marked called with others of its wave and may never have started.
+NOT_SPENT = Q(claim_called=False) | Q(claim_shared=True)
+
+
 class ResourceQuerySet(models.QuerySet):
     def unresolved(self):
         return self.filter(state__in=UNRESOLVED)
@@ -269,7 +274,8 @@ class ResourceQuerySet(models.QuerySet):
         Retryable rows under the attempt ceiling whose backoff has passed, and rows
         whose claim expired (a sweeper died holding them) that have attempts left; the
         attempt of a dead claim whose call never started is not counted, as the claim
-        that takes it over gives it back. A failed row that still carries a live claim is
+        that takes it over gives it back, and so is that of a call marked with others of its
+        wave (rule 20). A failed row that still carries a live claim is
         held by a call that outlived its budget and is still running: it is not tried
         again until that call ends.
         """
@@ -279,7 +285,7 @@ class ResourceQuerySet(models.QuerySet):
             & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
         )
         abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now) & (
-            Q(revert_attempts__lt=max_attempts) | Q(claim_called=False, revert_attempts__lte=max_attempts)
+            Q(revert_attempts__lt=max_attempts) | (NOT_SPENT & Q(revert_attempts__lte=max_attempts))
         )
         return self.filter(fresh | abandoned)
 
@@ -364,6 +370,11 @@ class Resource(models.Model):
     # a call, not by a claim. A claim taken over from a sweeper that died before its call
     # gives that attempt back (`cleanup.sweep.claims`).
     claim_called = models.BooleanField(default=False, editable=False)
+    # Rule 20: the call was marked called together with others of its wave. When the claim
+    # dies, the call may never have started (another call of the wave took the process
+    # down first): the attempt is given back, and the group is next called alone, where
+    # its attempt is spent by its own call.
+    claim_shared = models.BooleanField(default=False, editable=False)
     # Rule 14: the row this one records again after a backend rolled back to a save.
     # One resurrection per row: two reconciles racing over the same restart cannot both
     # record it again.

@@ -82,6 +82,56 @@ def test_it_records_a_dead_claim_at_the_ceiling_as_expired():
     assert history(orc) == [(3, "expired", "the sweeper that claimed this stopped before it had an answer")]
 
 
+def test_a_dead_claim_marked_with_its_wave_gets_its_attempt_back_and_is_called_alone():
+    # Rule 20: a wave-mate may have killed the sweeper before this row's call started.
+    calls = []
+    registry.register_action(FakeAction(revert=lambda **kw: calls.append(kw) or {"ok": True, "failed": []}))
+    run = make_run()
+    make_rows(make_step(run), ["orc-1"], placeholder=False)
+    make_rows(make_step(run, position=1), ["orc-2"], placeholder=False)
+    past = timezone.now() - timedelta(minutes=5)
+    Resource.objects.filter(run=run).update(
+        state=ResourceState.REVERTING,
+        revert_attempts=3,
+        claim_expires_at=past,
+        claim_token=None,
+        claim_called=True,
+        claim_shared=True,
+    )
+
+    with override_settings(EVENT_REVERT_MAX_ATTEMPTS=3):
+        first = sweep()
+
+    # Not released at the ceiling: the attempt is given back, and the suspect group is
+    # claimed alone, so the pass gives back one of the two.
+    assert first.summary.attempted == 1 and len(calls) == 1
+    rows = {r.ref: r for r in Resource.objects.filter(run=run)}
+    [called] = [r for r in rows.values() if r.state == ResourceState.REVERTED]
+    assert history(called) == [(3, "done", "")]
+    with override_settings(EVENT_REVERT_MAX_ATTEMPTS=3):
+        sweep()
+    assert {r.state for r in Resource.objects.filter(run=run)} == {ResourceState.REVERTED}
+    assert [a.number for a in Attempt.objects.filter(resource__run=run)] == [3, 3]
+
+
+def test_a_dead_claim_called_alone_has_spent_its_attempt():
+    run = make_run()
+    make_rows(make_step(run), ["orc-1"], placeholder=False)
+    Resource.objects.filter(run=run).update(
+        state=ResourceState.REVERTING,
+        revert_attempts=1,
+        claim_expires_at=timezone.now() - timedelta(minutes=5),
+        claim_token=None,
+        claim_called=True,
+        claim_shared=False,
+    )
+    registry.register_action(FakeAction(revert=Scripted({"ok": False, "error": "shard said no", "retry": True})))
+
+    sweep()
+
+    assert history(Resource.objects.get(run=run, ref="orc-1")) == [(2, "retry", "shard said no")]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_records_nothing_for_a_verdict_that_came_after_a_takeover():
     run = make_run()

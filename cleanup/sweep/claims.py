@@ -184,7 +184,7 @@ def _update_returning(where, where_params, token, expires, now):
     """The claim of the rows ``where`` selects, answering the rows it changed
     (UPDATE ... RETURNING: Django's ``update()`` answers a count only)."""
     meta = Resource._meta
-    names = ("state", "claim_token", "claim_expires_at", "updated_at", "claim_called")
+    names = ("state", "claim_token", "claim_expires_at", "updated_at", "claim_called", "claim_shared")
     prep = {name: meta.get_field(name) for name in names}
     values = {
         "state": ResourceState.REVERTING.value,
@@ -192,6 +192,7 @@ def _update_returning(where, where_params, token, expires, now):
         "claim_expires_at": expires,
         "updated_at": now,
         "claim_called": False,
+        "claim_shared": False,
     }
     sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
     params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
@@ -218,13 +219,17 @@ def _update_returning(where, where_params, token, expires, now):
 
 
 # What a claim adds to a row's attempts: one, less the dead claim's own when it never
-# called (SET reads the row as it was).
-_SPENT = "CASE WHEN state = 'reverting' AND NOT claim_called THEN 0 ELSE 1 END"
+# called or was marked with others of its wave (SET reads the row as it was; rule 20).
+_SPENT = "CASE WHEN state = 'reverting' AND (NOT claim_called OR claim_shared) THEN 0 ELSE 1 END"
 
 
 def mark_called(token, groups):
     """Just before their calls: the groups' rows were called under this claim. One UPDATE
     in autocommit, so that a sweeper killed in a call has spent its attempt.
+
+    A wave of several calls is marked shared: when its sweeper dies, a call of the wave may
+    not have started before another took the process down, so its attempt is given back and
+    the group is next called alone (rule 20). A call marked alone has spent its attempt.
 
     On PostgreSQL its commit does not wait for the WAL to reach the disk (it is visible to
     every other sweeper at once, which is what a takeover reads): a wave costs half as
@@ -239,7 +244,8 @@ def mark_called(token, groups):
     if connection.vendor == "postgresql":
         where += " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
     return statements.execute_prepared(
-        f"UPDATE {statements.names()[0]} SET claim_called = %s WHERE {where}", [True, *params]
+        f"UPDATE {statements.names()[0]} SET claim_called = %s, claim_shared = %s WHERE {where}",
+        [True, len(groups) > 1, *params],
     )
 
 

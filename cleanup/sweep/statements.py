@@ -22,8 +22,9 @@ _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 # A row whose claim expired again after an earlier attempt, its module called: its
-# sweepers keep dying in the call.
-SUSPECT = Q(state=ResourceState.REVERTING, claim_called=True, revert_attempts__gte=2)
+# sweepers keep dying in the call. Or whose sweeper died in a wave of calls: maybe its own
+# call took the wave down, maybe another's; called alone, its next attempt tells (rule 20).
+SUSPECT = Q(state=ResourceState.REVERTING, claim_called=True) & (Q(revert_attempts__gte=2) | Q(claim_shared=True))
 
 
 def bind(params, now):

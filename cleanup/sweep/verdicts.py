@@ -365,8 +365,8 @@ class _Changes:
 def release_spent_claims(now, by=""):
     """Claims of dead sweepers with no attempt left become failures a person can see, logged.
 
-    Only claims whose call started: a sweeper that died before calling spent nothing, and
-    the claim that takes its rows over gives the attempt back. Answers how many rows
+    Only claims whose call started alone: a sweeper that died before calling, or in a wave
+    of calls, spent nothing, and the claim that takes its rows over gives the attempt back. Answers how many rows
     were released.
     """
     spent = Resource.objects.filter(
@@ -374,6 +374,7 @@ def release_spent_claims(now, by=""):
         claim_expires_at__lt=now,
         revert_attempts__gte=max_revert_attempts(),
         claim_called=True,
+        claim_shared=False,
     )
     run_ids = set(spent.values_list("run_id", flat=True))
     if not run_ids:

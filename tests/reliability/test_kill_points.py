@@ -30,7 +30,10 @@ def test_it_gives_back_every_row_through_kill_9_at_24_points(workers, monkeypatc
     assert {r.state for r in rows} <= {ResourceState.REVERTED, ResourceState.FAILED}
     assert all(r.last_error for r in rows if r.state == ResourceState.FAILED), "a row failed without its reason"
     assert max(r.revert_attempts for r in rows) <= MAX_ATTEMPTS
-    assert max(workers.calls_per_ref().values()) <= MAX_ATTEMPTS
+    # A call marked with others of its wave whose sweeper was killed gets its attempt back
+    # (it may not have started) and is called alone next: at most one call more than
+    # attempts for each such kill (rule 20).
+    assert max(workers.calls_per_ref().values()) <= 2 * MAX_ATTEMPTS
     assert status_disagreements() == []
 
 
