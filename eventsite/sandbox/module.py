@@ -23,11 +23,9 @@ it shows:
 May import: `cleanup.registry` and `cleanup.envelopes`, and its own client.
 """
 
-import functools
 import logging
 import math
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 from urllib.parse import quote
 
 from cleanup import registry
@@ -42,6 +40,7 @@ from cleanup.envelopes import (
     RestoreAnswer,
     RevertAnswer,
 )
+from cleanup.registry import never_raises, terminal
 
 from .client import Fleet, ShardClient, resolve
 
@@ -57,30 +56,6 @@ SPAWN_PARAMS = ("creature", "count", "at", "shard")
 TARGET_SHARD = ":"
 
 fleet = Fleet(MODULE)
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def never_raises(method: _Method) -> _Method:
-    """A module callable's exception becomes a failure envelope (to retry) instead."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            logger.exception("%s.%s failed", self.id, method.__name__)
-            return {
-                "ok": False,
-                "error": f"{self.id} {method.__name__} failed: {type(exc).__name__}: {exc}",
-                "retry": True,
-            }
-
-    return cast(_Method, wrapper)
-
-
-def terminal(error: str) -> Failure:
-    return {"ok": False, "error": error, "retry": False}
 
 
 def malformed(what: str) -> Failure:
