@@ -124,3 +124,34 @@ def test_the_example_modules_use_the_registrys_helpers_and_keep_no_copy(example)
     source = inspect.getsource(example)
     assert "def never_raises" not in source
     assert "def terminal" not in source
+
+
+def test_the_luanti_module_answers_a_bad_param_as_terminal_and_a_crash_as_a_retry(monkeypatch):
+    spawn = luanti_module.SPAWN
+    params = {"entity": "wolf", "count": 3, "at": [0, 10, 0]}
+
+    refused = spawn.perform(run_id=1, step_id=1, params={**params, "count": 0}, idempotency_key="k")
+    assert refused["retry"] is False and "count" in refused["error"]
+
+    def world_gone(backend):
+        raise RuntimeError("the world's directory is gone")
+
+    monkeypatch.setattr(luanti_module.worlds, "world", world_gone)
+    crashed = spawn.perform(run_id=1, step_id=1, params=params, idempotency_key="k", backend="north")
+    assert crashed == {
+        "ok": False,
+        "error": "luanti.spawn perform failed: RuntimeError: the world's directory is gone",
+        "retry": True,
+    }
+    assert calls.backend_kwargs(spawn.perform, "north") == {"backend": "north"}
+
+
+def test_the_sandbox_module_answers_a_crash_of_its_client_as_a_retry(monkeypatch):
+    def broken(backend):
+        raise RuntimeError("no client")
+
+    monkeypatch.setattr(sandbox_module.fleet, "client", broken)
+    answer = sandbox_module.SPAWN.revert(run_id=1, resources=[], idempotency_key="k", backend="")
+
+    assert answer == {"ok": False, "error": "sandbox.spawn revert failed: RuntimeError: no client", "retry": True}
+    assert calls.backend_kwargs(sandbox_module.SPAWN.revert, "") == {"backend": ""}

@@ -7,7 +7,8 @@ lease), and every callable takes the ``backend`` keyword and talks to that shard
 site with one shard (``SANDBOX_SHARD_URL``) has one backend, ``""``, and names none. What
 it shows:
 
-- every callable answers an envelope and never raises (`never_raises`);
+- every callable answers an envelope and never raises (`cleanup.registry.never_raises`),
+  and a request that will never succeed is answered `terminal` (`cleanup.registry.terminal`);
 - ``perform`` sends the step's idempotency key with the spawn, so a retried step, or a
   call that timed out here but landed on the shard, spawns once;
 - ``revert`` gives back what it is handed, counts "already gone" as given back, names
