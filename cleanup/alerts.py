@@ -8,7 +8,8 @@ a conditional UPDATE of ``alerted_status`` (the row count says which of several 
 tells it) and, in the same transaction, writes the log entry (`cleanup.gave_up` or
 `cleanup.recovered`) and one outbox row per channel (`Alert`). `deliver` then sends the
 outbox outside any transaction, each row claimed first; a dead or slow webhook costs at
-most its timeout, is recorded on the row and tried again later with a backoff.
+most its timeout, is recorded on the row and tried again later with a backoff. Staff are
+told once per transition (rule 30).
 
 A module's backend going down and coming back are told the same way, once per change
 rather than once per run it holds up: `notice_modules` claims each `ModuleEvent`

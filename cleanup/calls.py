@@ -3,7 +3,7 @@
 This is the only place the engine reads what a module said. Each classifier turns an
 untrusted answer into a verdict, and no shape a failure can take reads as success: only
 a dict whose ``ok`` is exactly ``True`` is one, and then only when the rest of it has the
-shape the contract promises.
+shape the contract promises (rule 4).
 May import: conf, `logs` and `counters` only. Imported by everything that calls a module.
 """
 
@@ -51,7 +51,7 @@ def budget_under_claim(entry):
     """A call's budget, cut so that it ends a second before the claim covering it expires.
 
     Otherwise a second worker could take the claim, and the step or the rows with it,
-    while the first is still waiting for the module's answer.
+    while the first is still waiting for the module's answer (rule 18).
     """
     return max(1, min(budget_of(entry), claim_timeout_s() * 1000 - 1000))
 
@@ -228,7 +228,8 @@ def _takes_backend(owner):
 
 def backend_of(entry, value, what):
     """The backend an action names for its params (a lease for its target): ``""`` when it
-    has no ``backend_of``; ``(None, error)`` when its answer cannot name one.
+    has no ``backend_of``; ``(None, error)`` when its answer cannot name one. Each call then
+    goes to that backend alone, and its health and outages are its own (rule 31).
 
     Answers ``(backend, None)`` or ``(None, error)``.
     """

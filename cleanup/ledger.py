@@ -4,7 +4,8 @@ The order is the point. A step writes its placeholder before it performs, so a w
 that dies mid-perform still leaves a row the sweep will give back (by the step's
 idempotency key); a lease is reserved before it is applied, so a crash between the two
 still restores the baseline. Each row keeps the action id in its own column because a
-row outlives its step; an action row's payload is the module's, stored as it answered.
+row outlives its step; an action row's payload is the module's, stored as it answered,
+and a lease row's payload holds the engine's baseline (rule 15).
 May import: the models and `registry`. Imported by the runner.
 """
 

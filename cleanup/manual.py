@@ -73,7 +73,8 @@ def request_cleanups(runs, actor):
 
 
 def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=None):
-    """One pass for each run, started ``gap_s`` apart; answers the runs passed."""
+    """One pass for each run, started ``gap_s`` apart, so a shard back from an outage is not
+    hit by every run at once (rule 28); answers the runs passed."""
     done = 0
     for index, run in enumerate(Run.objects.filter(pk__in=run_ids).order_by("id")):
         if index:

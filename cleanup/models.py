@@ -353,9 +353,11 @@ class Resource(models.Model):
     kind = models.CharField(max_length=100)
     ref = models.CharField(max_length=500)
     member_key = models.CharField(max_length=200, blank=True, default="")
-    # The action that made the row, kept by the engine because a row outlives its step.
-    # Apart from the payload, which belongs to the module (a lease row's payload, with
-    # its baseline and applied value, is the engine's: no module sees it).
+    # The action that made the row, kept by the engine because a row outlives its step,
+    # apart from the payload. An action row's payload is the module's, stored and
+    # handed back as `perform` answered it; a lease row's payload holds the engine's
+    # baseline (baseline, applied, confirmed, also_expected), written and handed down by the
+    # engine, and no module receives it: `restore` gets the baseline and expected value.
     action = models.CharField(max_length=200, blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=ResourceState.choices, default=ResourceState.LIVE)

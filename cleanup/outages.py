@@ -6,16 +6,17 @@ backend (no answer within the budget, a backend that could not be reached, an en
 with ``"unavailable": true``) from an answer about the row, and counts the former per
 backend of a module, across rows and runs. ``EVENT_OUTAGE_AFTER`` of them in a row mark
 that backend down; its rows and steps are then not attempted, and the answers that led to
-it are forgiven (their attempts are given back to the rows). The module's other backends
-are worked as usual: one shard's outage holds only its own work.
+it are forgiven (their attempts are given back to the rows): an outage spends no attempts
+(rule 21). The module's other backends are worked as usual: one shard's outage holds only
+its own work.
 
 While a backend is down, one probe at a time is let through at most every
 ``EVENT_OUTAGE_PROBE_S``: the module's ``health(backend=...)`` when one of its actions or
 leases has it, else one ordinary call (a canary). Any answer that does not blame the
 backend marks it up, and its waiting rows are spread over ``EVENT_OUTAGE_SPREAD_S`` seconds,
-a step's rows together, so a recovering shard is not hit by all of them at once. An outage
-longer than ``EVENT_OUTAGE_GIVE_UP_S`` ends the wait: the caller fails the waiting work with
-the reason, and nothing waits silently for ever.
+a step's rows together, so a recovering shard is not hit by all of them at once (rule 22).
+An outage longer than ``EVENT_OUTAGE_GIVE_UP_S`` ends the wait: the caller fails the waiting
+work with the reason, and nothing waits silently for ever (rule 23).
 
 A backend that holds live or recently given-back rows is also watched while it is up
 (`watch`): its ``health()`` is asked at least every ``EVENT_BACKEND_WATCH_S``, and a boot

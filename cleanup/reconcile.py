@@ -4,7 +4,7 @@ A resource the module no longer has becomes ``orphaned``, never ``reverted``: no
 it back, it vanished while nobody was looking, and a person reading the ledger must be
 able to tell the two apart. Anything short of a clear answer (a timeout, an exception,
 a malformed envelope, no ``reconcile`` at all) leaves the ledger alone, because "I do
-not know" must never read as "it is gone".
+not know" must never read as "it is gone" (rule 10).
 
 After a backend restart (rule 14), reconcile also asks about what was given back within
 ``EVENT_RECONCILE_LOOKBACK_S``: a shard that rolled back to its last save may have

@@ -32,17 +32,23 @@ The shapes of these envelopes are spelled as types in `cleanup.envelopes` (``Per
 ``RevertAnswer``, ...), and the signatures below use them. They are for a module author's
 type checker only: the engine still trusts no answer at run time, and every answer is
 classified in `cleanup.calls` whatever its type says.
+
+Two helpers keep a module's callables to the contract: `never_raises` turns an exception
+into a failure envelope to try again, and `terminal` spells the failure only a person can
+help with (a bad parameter, a target the backend does not have).
 May import: `enqueue` and `envelopes` only, so that a module importing it brings nothing of
 the engine with it.
 """
 
+import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from .enqueue import queue_reconcile
 from .envelopes import (
     ApplyAnswer,
+    Failure,
     HealthAnswer,
     PerformAnswer,
     ReadAnswer,
@@ -198,6 +204,54 @@ class Lease:
     def backend_of(self, target: str) -> str:
         """The backend that holds this target: ``""``, the module's only one."""
         return ""
+
+
+_Params = ParamSpec("_Params")
+_Answer = TypeVar("_Answer")
+
+
+def never_raises(method: Callable[_Params, _Answer]) -> Callable[_Params, _Answer | Failure]:
+    """Decorate a module callable so that an exception it raises becomes a failure to retry.
+
+    The exception is logged with its traceback (on the logger of the module that defines
+    the callable) and answered as ``{"ok": False, "error": "<id> <method> failed:
+    <ExceptionType>: <message>", "retry": True}``, where ``<id>`` is the ``id`` of the
+    action or lease it is called on. The engine would survive the exception too, but a
+    module that answers for itself shows staff a sentence that names the call. The
+    wrapper keeps the callable's signature (`functools.wraps`), which the engine reads to
+    see whether it takes ``backend``::
+
+        class Spawn(registry.Action):
+            @registry.never_raises
+            def perform(self, *, run_id, step_id, params, idempotency_key):
+                if not params.get("creature"):
+                    return registry.terminal("creature must be named")
+                ...
+    """
+    log = logging.getLogger(method.__module__)
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(*args: _Params.args, **kwargs: _Params.kwargs) -> _Answer | Failure:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            owner = getattr(args[0], "id", None) if args else None
+            called = f"{owner} {name}" if isinstance(owner, str) and owner else getattr(method, "__qualname__", name)
+            log.exception("%s failed", called)
+            return {"ok": False, "error": f"{called} failed: {type(exc).__name__}: {exc}", "retry": True}
+
+    return wrapper
+
+
+def terminal(error: str) -> Failure:
+    """A failure only a person can help with: ``{"ok": False, "error": error, "retry": False}``.
+
+    Answer it when asking again cannot succeed (a bad parameter, a target or a backend the
+    module does not know, a request the backend refused for good); the row or step then
+    waits for a person with ``error`` shown beside it, and no attempt is spent on it again.
+    """
+    return {"ok": False, "error": error, "retry": False}
 
 
 ActionT = TypeVar("ActionT", bound=Action)

@@ -275,7 +275,11 @@ def start_run(name, steps, actor=None, quota=True):
 
 
 def _end(run_id, status, kind, auto_cleanup=True, **detail):
-    """Move a running run to a terminal status; answers False when it was not running."""
+    """Move a running run to a terminal status; answers False when it was not running.
+
+    Every end queues the run's cleanup once it commits, unless a person keeps the rows
+    (rule 1); the steps it leaves unfinished read `cancelled` (rule 33).
+    """
     now = timezone.now()
     with transaction.atomic():
         won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
@@ -356,7 +360,7 @@ def advance(by="tick", deadline=None):
 
 
 class _Claim:
-    """A ticker's hold on one run, renewed before each step."""
+    """A ticker's hold on one run, renewed before each step: one ticker at a time (rule 17)."""
 
     def __init__(self, run_id):
         self.run_id = run_id
@@ -680,7 +684,7 @@ def tick(by="tick"):
     a bound queues the next at once.
 
     Both legs share ``EVENT_TICK_BUDGET_S``: past it they start nothing new, so that a
-    tick ends well inside django-q2's task timeout even against a shard that hangs.
+    tick ends well inside django-q2's task timeout even against a shard that hangs (rule 26).
     """
     deadline = timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S"))
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))

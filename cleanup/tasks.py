@@ -2,7 +2,8 @@
 
 Each task is a few lines over the engine. django-q2 may hand a task out twice (a worker
 killed mid-task, an acknowledgement that came late), so none of these relies on running
-once: the ledger's claims are what keep two workers off one row.
+once: the ledger's claims are what keep two workers off one row, and the one tick
+schedule is ensured by name (rule 29).
 May import: anything of the engine; nothing imports it but django-q2 (by dotted
 path), the app config, and surfaces that queue work.
 """

@@ -1,4 +1,5 @@
-"""The engine's own clock: work due at a known time is looked at then, not at the next minute.
+"""The engine's own clock: work due at a known time is looked at then, not at the next minute
+(rule 32).
 
 django-q2 has no delayed tasks, and its scheduler looks for due schedules only every 30 s,
 so a ``core.wait(2)`` left to the minute tick ends up to a minute late, and a backend a

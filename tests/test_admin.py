@@ -6,7 +6,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from cleanup import registry
-from cleanup.models import Resource, RunStatus
+from cleanup.models import LogKind, Resource, RunLog, RunStatus
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
 
 pytestmark = pytest.mark.django_db
@@ -171,3 +171,23 @@ def test_run_and_row_pages_are_read_only(client, failed_run):
     failed_run.refresh_from_db()
     assert failed_run.name == "broken raid" and states(failed_run) == {"orc-1": "failed"}
     assert not LogEntry.objects.exists()
+
+
+def test_the_log_offers_every_kind_of_entry_as_a_filter(client):
+    client.force_login(staff("view_runlog"))
+    page = client.get(reverse("admin:cleanup_runlog_changelist")).content.decode()
+    offered = {kind for kind in LogKind.values if f'href="?kind={kind}"' in page}
+    assert offered == set(LogKind.values)
+
+
+def test_the_log_filters_by_step_waiting(client):
+    client.force_login(staff("view_runlog"))
+    run = make_run(status=RunStatus.RUNNING, name="held raid")
+    waiting = RunLog.objects.create(run=run, kind=LogKind.STEP_WAITING, detail={"backend": "north"})
+    RunLog.objects.create(run=run, kind=LogKind.STEP_PERFORMED, detail={})
+    RunLog.objects.create(run=run, kind=LogKind.RUN_STARTED, detail={})
+
+    response = client.get(reverse("admin:cleanup_runlog_changelist"), {"kind": "step.waiting"})
+
+    assert response.status_code == 200
+    assert [entry.pk for entry in response.context["cl"].result_list] == [waiting.pk]

@@ -3,15 +3,17 @@
 Read from the source, every import counted, those inside functions too: no import circle
 anywhere in `cleanup/`, the engine never imports a surface, the models never import the
 engine, a module sees only the registry, and nothing in the reusable app names the
-example site.
+example site. The page's table of parts names every module of the app.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 APP = Path(__file__).resolve().parent.parent / "cleanup"
+ARCHITECTURE = APP.parent / "docs" / "architecture.md"
 
 # The surfaces: they call the engine, never the other way round.
 SURFACES = ("cleanup.admin", "cleanup.api", "cleanup.management", "cleanup.templatetags", "cleanup.tasks")
@@ -138,6 +140,90 @@ def test_the_cycle_finder_finds_a_circle():
 def test_the_engine_never_imports_a_surface(graph):
     wrong = {name: sorted(t for t in targets if under(t, SURFACES)) for name, targets in graph.items()}
     assert {name: t for name, t in wrong.items() if t and under(name, ENGINE)} == {}
+
+
+# The packages people and consoles use. Every other module of the app is engine (or the
+# kit), and imports none of them, whether or not it is listed in ENGINE above.
+PEOPLE_SURFACES = ("cleanup.admin", "cleanup.api", "cleanup.management", "cleanup.templatetags")
+# What wires the surfaces in: the app's start-up (`apps`) and the URLs a project includes.
+WIRING = ("cleanup.apps", "cleanup.urls")
+# TEMPORARY: `metrics` still reads its counts through the admin's list helpers. That arrow is
+# being moved to the ledger's owner on another branch; delete this exception when it lands
+# (test_the_known_exception_is_still_needed fails once the import is gone, to say so).
+KNOWN_SURFACE_IMPORTS = {("cleanup.metrics", "cleanup.admin.lists")}
+
+
+def surface_imports(graph):
+    """``{(engine module, surface module)}``: every import of a surface by a module that is not one."""
+    return {
+        (name, target)
+        for name, targets in graph.items()
+        if not under(name, PEOPLE_SURFACES + WIRING)
+        for target in targets
+        if under(target, PEOPLE_SURFACES)
+    }
+
+
+def test_no_module_but_the_surfaces_imports_a_surface(graph):
+    assert surface_imports(graph) - KNOWN_SURFACE_IMPORTS == set()
+
+
+def test_the_known_exception_is_still_needed(graph):
+    assert KNOWN_SURFACE_IMPORTS <= surface_imports(graph), "the import is gone: delete KNOWN_SURFACE_IMPORTS"
+
+
+def test_an_engine_module_importing_a_surface_is_caught():
+    graph = {
+        "cleanup.retention": {"cleanup.api.pages"},
+        "cleanup.api.views": {"cleanup.runner"},
+        "cleanup.apps": {"cleanup.api"},
+    }
+    assert surface_imports(graph) == {("cleanup.retention", "cleanup.api.pages")}
+
+
+def parts_table():
+    """The names in the first column of the table under "The parts"."""
+    section = ARCHITECTURE.read_text().split("## The parts", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
+
+
+def table_name(name):
+    """A module's name as the table writes it: ``sweep/claims``, ``sweep/`` for a package."""
+    path = sources()[name]
+    relative = path.relative_to(APP).with_suffix("")
+    return f"{relative.parent.as_posix()}/" if path.name == "__init__.py" else relative.as_posix()
+
+
+def unnamed_in_table(names, table):
+    """The modules ``table`` does not name, itself or as a package listed on one line (``admin/``:
+    a package none of whose modules has a line of its own)."""
+    one_line = {n for n in table if n.endswith("/") and not any(t != n and t.startswith(n) for t in table)}
+    return sorted(
+        name
+        for name in names
+        if table_name(name) not in table and not any(table_name(name).startswith(package) for package in one_line)
+    )
+
+
+def test_the_table_of_parts_names_every_module_of_the_app():
+    # `cleanup` itself is the app the table is about.
+    assert unnamed_in_table([n for n in sources() if n != "cleanup"], parts_table()) == []
+
+
+def test_the_table_reader_sees_a_module_left_out():
+    table = parts_table()
+    assert {"models", "sweep/", "sweep/claims", "admin/", "testing/"} <= table
+    assert unnamed_in_table(["cleanup.metrics", "cleanup.admin.lists", "cleanup.sweep.claims"], table) == []
+    assert unnamed_in_table(["cleanup.metrics", "cleanup.sweep.claims"], table - {"metrics", "sweep/claims"}) == [
+        "cleanup.metrics",
+        "cleanup.sweep.claims",
+    ]
+    # `sweep/` has lines for its modules, so it does not stand for them.
+    assert unnamed_in_table(["cleanup.sweep.claims"], table - {"sweep/claims"}) == ["cleanup.sweep.claims"]
 
 
 def test_the_pass_never_reaches_up_to_its_callers(graph):

@@ -1,5 +1,6 @@
-"""A ledger row's payload is the module's, as it answered; the engine keeps what it needs
-(the action that made the row) in a column of its own."""
+"""An action row's payload is the module's, as it answered; the engine keeps what it needs
+(the action that made the row) in a column of its own. A lease row's payload holds the
+engine's baseline, which no module receives (rule 15)."""
 
 import pytest
 from django.db import connection
@@ -55,6 +56,20 @@ def test_a_lease_row_keeps_its_action_beside_the_baseline():
     row = ledger.reserve_lease(step, lease, "camp", baseline=1, applied=5)
     assert row.action == "core.lease"
     assert row.payload == {"baseline": 1, "applied": 5, "confirmed": False}
+
+
+@pytest.mark.django_db
+def test_a_lease_restore_receives_the_baseline_and_never_the_rows_payload():
+    lease = registry.register_lease(FakeLease(values={"camp": 5}))
+    run = make_run()
+    row = ledger.reserve_lease(make_step(run, action_id="core.lease"), lease, "camp", baseline=1, applied=5)
+    ledger.confirm_lease(row)
+
+    sweep()
+
+    # FakeLease.restore takes exactly the contract's keywords: a payload passed along would fail it.
+    assert lease.restores == [{"baseline": 1, "expected": 5, "run_id": run.pk, "target": "camp"}]
+    assert (states(run), lease.values) == ({"test.rate#camp": "reverted"}, {"camp": 1})
 
 
 @pytest.mark.django_db

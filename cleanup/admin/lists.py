@@ -28,6 +28,7 @@ from ..models import (
     CLAIMABLE,
     TERMINAL,
     UNRESOLVED,
+    LogKind,
     ModuleHealth,
     Resource,
     ResourceState,
@@ -321,28 +322,13 @@ class BackendColumnMixin:
 
 
 class LogKindFilter(admin.SimpleListFilter):
+    """Every kind of log entry, read from `LogKind` so that a new kind is offered at once."""
+
     title = "kind"
     parameter_name = "kind"
-    KINDS = [
-        "run.started",
-        "step.performed",
-        "step.failed",
-        "run.completed",
-        "run.cancelled",
-        "run.aborted",
-        "cleanup.retry",
-        "cleanup.swept",
-        "cleanup.reverted",
-        "cleanup.failed",
-        "cleanup.gave_up",
-        "cleanup.recovered",
-        "resource.orphaned",
-        "resource.resurrected",
-        "resource.waived",
-    ]
 
     def lookups(self, request, model_admin):
-        return [(k, k) for k in self.KINDS]
+        return LogKind.choices
 
     def queryset(self, request, queryset):
         return queryset.filter(kind=self.value()) if self.value() else queryset

@@ -60,7 +60,7 @@ class Ahead:
 
     A pass that claimed only part of what waits calls it right after its claim, before its
     module calls: another worker claims the next groups meanwhile, instead of the work
-    waiting for this pass to end and for the queue to hand the next one out.
+    waiting for this pass to end and for the queue to hand the next one out (rule 25).
     """
 
     def __init__(self, queue):
@@ -139,7 +139,8 @@ def _write(writer, *args):
     """Write verdicts, once more on a fresh connection if the first attempt lost it.
 
     The write is fenced by the claim, so writing it twice changes nothing; without a
-    verdict the rows would wait for their claim to expire and spend another attempt.
+    verdict the rows would wait for their claim to expire and spend another attempt
+    (rule 27).
     """
     try:
         return writer(*args)
@@ -232,7 +233,7 @@ _last_repair = {"at": None}
 def _repair_statuses(limit, busy):
     """Repair stale run statuses (`statuses.repair_statuses`): in every pass that finds no
     work, and in a busy sweeper's first pass and then every ``REPAIR_EVERY_S``, so a
-    backlog of work costs the repair's query once in a while, not once per batch."""
+    backlog of work costs the repair's query once in a while, not once per batch (rule 24)."""
     at = time.monotonic()
     if busy and _last_repair["at"] is not None and at - _last_repair["at"] < REPAIR_EVERY_S:
         return False

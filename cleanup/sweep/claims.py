@@ -104,13 +104,15 @@ def take_runs(run_ids, now, skip_locked, limit=None):
 
 
 def pick_groups(run_ids, now, per_run, down=frozenset(), canaries=frozenset()):
-    """The claimable groups of ``run_ids``, at most ``per_run`` of each run, leases first.
+    """The claimable groups of ``run_ids``, at most ``per_run`` of each run (rule 8), leases
+    first. A group is a lease row, a step's other rows, or a row whose step is gone, each
+    given back by one call (rule 3).
 
     One query that reads a row per group, not per ledger row. Answers the groups and
     whether some run had more. Groups of a backend in ``down`` (``(module, backend)``
     pairs) wait for it, but for one group of each backend in ``canaries``: the call that
     tells whether it is back. The module's other backends are worked as usual. A group
-    whose sweepers died holding it more than once is claimed alone.
+    whose sweepers died holding it more than once is claimed alone (rule 20).
     """
     heads = statements.heads(run_ids, now, max_revert_attempts())
     by_run, canaries = {}, set(canaries)
@@ -149,7 +151,8 @@ def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(),
     is claiming.
 
     One transaction: the runs are locked, their groups read, and every group claimed by
-    one conditional UPDATE that returns the rows it took.
+    one conditional UPDATE that returns the rows it took: one sweeper per row, and a token
+    that fences every verdict written later (rule 9).
     """
     now = timezone.now()
     per_run = setting("EVENT_CLEANUP_GROUPS_PER_RUN")

@@ -3,7 +3,7 @@ within limits, never twice at once.
 
 Step groups and loose rows are given back by ``revert`` calls made concurrently, at most
 ``EVENT_CALL_CONCURRENCY`` at once and at most a module's ``max_concurrency`` for one
-module, on reused workers (`cleanup.calls`). Lease groups go one at a time, in the
+module, on reused workers (`cleanup.calls`; rule 19). Lease groups go one at a time, in the
 order `claims.Batch.leases` gives, because the hand-downs of rule 13 (`leases`) read and
 write the ledger between their calls. Each group gets one `Called`: its verdict, or None
 when the pass's time ran out before its call could start.
@@ -135,7 +135,7 @@ def _revert_job(group):
         # Only the placeholder is left, but its step recorded what it made and each of
         # those rows was resolved another way (given back, or waived by a person). An
         # empty list would ask the module for whatever the step's key made, waived
-        # resources included: the placeholder resolves with no call.
+        # resources included: the placeholder resolves with no call (rule 16).
         return Called(group, Verdict(Outcome.DONE), action_id)
     key = _idempotency_key(group)
     return _Job(

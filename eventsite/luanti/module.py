@@ -18,12 +18,10 @@ target is the world's name (``default`` for a lone world without one).
 May import: `cleanup.registry`, `cleanup.envelopes` and the module's own parts.
 """
 
-import functools
 import logging
 import math
 import re
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from cleanup import registry
 from cleanup.envelopes import (
@@ -38,6 +36,7 @@ from cleanup.envelopes import (
     RestoreAnswer,
     RevertAnswer,
 )
+from cleanup.registry import never_raises, terminal
 
 from . import mailbox, worlds
 from .worlds import World, WorldError
@@ -51,30 +50,6 @@ CHUNK = 200  # refs per request
 ENTITY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SPAWN_PARAMS = ("entity", "count", "at", "shard")
 HEALTH_TIMEOUT_MS = 3_000
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def never_raises(method: _Method) -> _Method:
-    """A callable's exception becomes a failure envelope (to retry) instead."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            logger.exception("%s.%s failed", self.id, method.__name__)
-            return {
-                "ok": False,
-                "error": f"{self.id} {method.__name__} failed: {type(exc).__name__}: {exc}",
-                "retry": True,
-            }
-
-    return cast(_Method, wrapper)
-
-
-def terminal(error: str) -> Failure:
-    return {"ok": False, "error": error, "retry": False}
 
 
 def malformed(world: World, what: str) -> Failure:

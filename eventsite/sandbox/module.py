@@ -7,7 +7,8 @@ lease), and every callable takes the ``backend`` keyword and talks to that shard
 site with one shard (``SANDBOX_SHARD_URL``) has one backend, ``""``, and names none. What
 it shows:
 
-- every callable answers an envelope and never raises (`never_raises`);
+- every callable answers an envelope and never raises (`cleanup.registry.never_raises`),
+  and a request that will never succeed is answered `terminal` (`cleanup.registry.terminal`);
 - ``perform`` sends the step's idempotency key with the spawn, so a retried step, or a
   call that timed out here but landed on the shard, spawns once;
 - ``revert`` gives back what it is handed, counts "already gone" as given back, names
@@ -23,11 +24,9 @@ it shows:
 May import: `cleanup.registry` and `cleanup.envelopes`, and its own client.
 """
 
-import functools
 import logging
 import math
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 from urllib.parse import quote
 
 from cleanup import registry
@@ -42,6 +41,7 @@ from cleanup.envelopes import (
     RestoreAnswer,
     RevertAnswer,
 )
+from cleanup.registry import never_raises, terminal
 
 from .client import Fleet, ShardClient, resolve
 
@@ -57,30 +57,6 @@ SPAWN_PARAMS = ("creature", "count", "at", "shard")
 TARGET_SHARD = ":"
 
 fleet = Fleet(MODULE)
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def never_raises(method: _Method) -> _Method:
-    """A module callable's exception becomes a failure envelope (to retry) instead."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            logger.exception("%s.%s failed", self.id, method.__name__)
-            return {
-                "ok": False,
-                "error": f"{self.id} {method.__name__} failed: {type(exc).__name__}: {exc}",
-                "retry": True,
-            }
-
-    return cast(_Method, wrapper)
-
-
-def terminal(error: str) -> Failure:
-    return {"ok": False, "error": error, "retry": False}
 
 
 def malformed(what: str) -> Failure:

@@ -2,7 +2,8 @@
 
 import uuid
 
-from eventsite.sandbox.module import SpawnAction, SpawnerRateLease, never_raises
+from cleanup.registry import never_raises
+from eventsite.sandbox.module import SpawnAction, SpawnerRateLease
 
 MODULE = "kit"
 
