@@ -248,3 +248,33 @@ def test_a_down_backend_keeps_its_debt_until_it_is_up(fleet):
     assert [c for c in fleet.calls if c[0] == "reconcile"] == []
     outages.mark_up("fleet", backend="north", by="alice")
     assert reconcile.pay_owed().paid == 1
+
+
+def test_staff_see_an_owed_reconcile_on_the_module_page_and_in_the_api(fleet, client):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    from tests.test_api_access import API, api_as
+
+    restarted_with_rows_back(fleet)
+    outages.note_boot("fleet", "north", fleet.boot["north"])
+    owed_since = health().reconcile_owed_since
+    client.force_login(User.objects.create_superuser("root", password="pw-123456789"))
+
+    page = client.get(reverse("admin:cleanup_modulehealth_changelist")).content.decode()
+    assert "reconcile owed" in page
+    assert f"since {owed_since.astimezone().strftime('%Y-%m-%d %H:%M:%S')}" in page
+    detail = client.get(reverse("admin:cleanup_modulehealth_change", args=[health().pk])).content.decode()
+    assert "reconcile owed since" in detail and "after restart 1 seen" in detail
+
+    api = api_as("view_modulehealth")
+
+    def north():
+        module = next(m for m in api.get(API + "modules/").json() if m["module"] == "fleet")
+        return next(b for b in module["backends"] if b["backend"] == "north")
+
+    assert north()["restarts_seen"] == 1 and north()["reconcile_owed_since"] is not None
+
+    reconcile.pay_owed()
+    assert 'class="reconcile-owed"' not in client.get(reverse("admin:cleanup_modulehealth_changelist")).content.decode()
+    assert (north()["restarts_seen"], north()["reconcile_owed_since"]) == (1, None)
