@@ -19,7 +19,10 @@ the reason, and nothing waits silently for ever.
 
 A backend that holds live or recently given-back rows is also watched while it is up
 (`watch`): its ``health()`` is asked at least every ``EVENT_BACKEND_WATCH_S``, and a boot
-id other than the last one seen is a restart nobody reported, reconciled at once (rule 14).
+id other than the last one seen is a restart nobody reported (rule 14). A restart, seen so or
+reported by the module, is a debt on the health row, written with the boot id in one
+transaction (`owe_reconcile`); `cleanup.reconcile.pay_owed` pays it at the tick, claiming it
+(`claim_owed`) and clearing only the debt it paid (`clear_owed`).
 
 The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every sweeper and
 ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
@@ -495,10 +498,11 @@ def restart_reported(sender, *, module, backend="", **kwargs):
 
 
 def owed(now=None):
-    """The backends that owe a reconcile and that no live claim holds, oldest debt first."""
+    """The backends that owe a reconcile and that no live claim holds, oldest debt first.
+    A backend that is down keeps its debt until it is up: its reconcile would have no answer."""
     now = now or timezone.now()
     return (
-        ModuleHealth.objects.filter(reconcile_owed_since__isnull=False)
+        ModuleHealth.objects.filter(reconcile_owed_since__isnull=False, state=ModuleState.UP)
         .filter(Q(reconcile_claim_token__isnull=True) | Q(reconcile_claim_expires_at__lt=now))
         .order_by("reconcile_owed_since", "id")
     )

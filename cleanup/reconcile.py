@@ -34,7 +34,6 @@ from .models import (
     UNRESOLVED,
     CleanupStatus,
     LogKind,
-    ModuleState,
     Resource,
     ResourceState,
     Run,
@@ -312,7 +311,7 @@ def pay_owed(limit=None, deadline=None, now=None):
     not a cluster runs. None is started past ``deadline``."""
     limit = setting("EVENT_RECONCILES_PER_TICK") if limit is None else limit
     result = OwedResult()
-    for health in list(outages.owed(now).exclude(state=ModuleState.DOWN)[: limit + 1]):
+    for health in list(outages.owed(now)[: limit + 1]):
         if result.paid + result.left >= limit or _past(deadline):
             result.work_left = True
             break

@@ -127,7 +127,8 @@ class Action:
     ``"unavailable": True`` when it is down). While the backend is marked down the engine
     probes it instead of letting one ordinary call through; while it is up and holds
     something, the engine asks it at least every ``EVENT_BACKEND_WATCH_S``, and a boot id
-    other than the last one it saw is a restart, reconciled at once (see `cleanup.outages`).
+    other than the last one it saw is a restart: the backend owes a reconcile, made at the
+    next tick if a worker has not made it sooner (see `cleanup.outages`).
 
     **Backends.** A module may serve several backends (shards, realms, servers).
     ``backend_of(params)`` names the backend a step acts on (default ``""``, the module's

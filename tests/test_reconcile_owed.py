@@ -245,6 +245,7 @@ def test_a_down_backend_keeps_its_debt_until_it_is_up(fleet):
     outages.note_boot("fleet", "north", fleet.boot["north"])
     outages.mark_down("fleet", backend="north", by="alice", reason="maintenance")
     assert reconcile.pay_owed().paid == 0
+    assert reconcile.pay_one(health()) is None, "nor does the task queued for it"
     assert [c for c in fleet.calls if c[0] == "reconcile"] == []
     outages.mark_up("fleet", backend="north", by="alice")
     assert reconcile.pay_owed().paid == 1
