@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
+from django.utils import timezone
 from django_q.models import OrmQ
 
+from cleanup import registry
 from cleanup.models import ModuleHealth, Resource
 from cleanup.runner import cancel_run, start_run, tick
 from eventsite.sandbox import module as sandbox
@@ -125,3 +128,28 @@ def test_a_restart_seen_by_a_lone_tick_is_reconciled_at_a_later_tick_though_its_
     ticked(shard, tmp_path / "third.log")
     assert creatures(shard) == []
     assert set(again.values_list("state", flat=True)) == {"reverted"}
+
+
+def test_two_lone_tickers_at_once_make_one_owed_reconcile(shard_process, tmp_path):
+    shard = shard_process
+    sandbox.fleet.forget()
+    with override_settings(SANDBOX_SHARD_URL=shard.url, SANDBOX_SHARDS={}, EVENT_REVERT_BACKOFF_S=0):
+        run = start_run("raid", [spawn(2), {"action": "core.wait", "params": {"seconds": 3600}}])
+        tick()
+        shard.post("/save")
+        cancel_run(run.pk)
+    sandbox.fleet.forget()
+    shard.post("/restart", json={"mode": "rollback"})
+    with mock.patch("cleanup.outages.queue_owed_reconcile"):  # the task that hurries it is lost
+        registry.backend_restarted("sandbox")
+    ModuleHealth.objects.filter(module="sandbox").update(watched_at=timezone.now())  # no watch: the debt alone
+    OrmQ.objects.all().delete()
+
+    shard.post("/faults", json={"latency_ms": 2500})  # each reconcile holds its claim a while
+    tickers = [tick_process(shard, tmp_path / f"ticker-{n}.log") for n in range(2)]
+    for ticker in tickers:
+        assert ticker.wait(60) == 0
+    lines = [(tmp_path / f"ticker-{n}.log").read_text() for n in range(2)]
+    assert sum("owed reconciles: 1 done" in line for line in lines) == 1, lines
+    assert ModuleHealth.objects.get(module="sandbox", backend="").reconcile_owed_since is None
+    assert Resource.objects.filter(run=run, resurrected_from__isnull=False).count() == 2
