@@ -25,6 +25,8 @@ class CleanupConfig(AppConfig):
 
         from . import (
             checks,  # noqa: F401  (registers the system checks)
+            outages,
+            registry,
             security,
         )
         from .api import tokens
@@ -39,6 +41,8 @@ class CleanupConfig(AppConfig):
         # What a request counted for the metrics is written when it ends (`cleanup.counters`).
         request_finished.connect(flush_after_request, dispatch_uid="cleanup.counters.flush")
         register_builtins()
+        # A module that reports its backend restarted makes the backend owe a reconcile (rule 14).
+        registry.restart_reported.connect(outages.restart_reported, dispatch_uid="cleanup.outages.restart_reported")
         # A user's API tokens are revoked when the password changes or the user is deactivated.
         tokens.connect(get_user_model())
         user_logged_in.connect(security.note_login, dispatch_uid="cleanup.security.note_login")

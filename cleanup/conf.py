@@ -128,6 +128,14 @@ SETTINGS = (
         "an up backend that holds live or recently given-back rows is asked for its health (its boot id) at "
         "least this often, at the tick, so a restart nobody reported is caught; the tick runs every minute",
     ),
+    Setting(
+        "EVENT_RECONCILES_PER_TICK",
+        4,
+        1,
+        1_000,
+        "reconciles a tick makes for backends that owe one after a restart (rule 14), oldest first, whether or "
+        "not a cluster runs; the others wait for the next tick, or for the task queued when the restart was seen",
+    ),
     # What one run may hold (cleanup.validation).
     Setting("EVENT_MAX_STEPS", 1000, None, None, "the most steps a run may have"),
     Setting("EVENT_MAX_PARAMS_BYTES", 16 * 1024, None, None, "the largest params of one step, in bytes of JSON"),

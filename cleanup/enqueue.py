@@ -18,6 +18,7 @@ SWEEP = "cleanup.tasks.sweep_task"
 CLEANUP_RUN = "cleanup.tasks.cleanup_run_task"
 CLEANUP_RUNS = "cleanup.tasks.cleanup_runs_task"
 RECONCILE = "cleanup.tasks.reconcile_task"
+RECONCILE_OWED = "cleanup.tasks.reconcile_owed_task"
 STARTUP = "cleanup.tasks.startup_task"
 WAKE = "cleanup.tasks.wake_task"
 
@@ -59,6 +60,11 @@ def queue_reconcile(module=None, restarted=False, backend=None):
     """Queue a reconcile of every module, of one module, or of one backend of a module."""
     extra = {} if backend is None else {"backend": backend}
     enqueue(RECONCILE, module=module, restarted=restarted, task_name="reconcile", **extra)
+
+
+def queue_owed_reconcile(module, backend=""):
+    """Queue the reconcile a backend owes after a restart, to hurry it: the tick pays it anyway."""
+    enqueue(RECONCILE_OWED, module=module, backend=backend, task_name="owed reconcile")
 
 
 def queue_startup():

@@ -590,6 +590,15 @@ class ModuleHealth(models.Model):
     # What the last probe of a down backend saw, and when (shown while a person holds it down).
     last_probe = models.CharField(max_length=500, blank=True, default="")
     last_probe_at = models.DateTimeField(null=True, blank=True)
+    # Rule 14's debt: the restarts noticed on this backend (a new boot id, or its module said
+    # so), and since when a reconcile is owed for them (null: none is). It is written with
+    # the boot id, in one transaction; the tick pays it (`cleanup.reconcile.pay_owed`), and
+    # only a reconcile that finished clears it, naming the count it read, so a restart
+    # noticed meanwhile stays owed. The claim keeps two tickers off one debt, as a run's does.
+    restarts_seen = models.PositiveIntegerField(default=0)
+    reconcile_owed_since = models.DateTimeField(null=True, blank=True)
+    reconcile_claim_token = models.UUIDField(null=True, blank=True)
+    reconcile_claim_expires_at = models.DateTimeField(null=True, blank=True)
 
     objects = ModuleHealthQuerySet.as_manager()
 
@@ -615,6 +624,14 @@ class ModuleHealth(models.Model):
     def waiting(self):
         """What work that waits on this backend says, as values: which backend, since when, why."""
         return {"backend": self.name, "since": self.down_since, "reason": self.last_error}
+
+    def owed_text(self):
+        """What a person is shown of an owed reconcile: since when, and how many restarts
+        were seen; None when none is owed."""
+        if self.reconcile_owed_since is None:
+            return None
+        since = timezone.localtime(self.reconcile_owed_since).strftime("%Y-%m-%d %H:%M:%S")
+        return f"reconcile owed since {since} (after restart {self.restarts_seen} seen)"
 
     def waiting_text(self):
         """What a person is shown for work that waits on this backend."""

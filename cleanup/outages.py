@@ -20,7 +20,10 @@ work with the reason, and nothing waits silently for ever (rule 23).
 
 A backend that holds live or recently given-back rows is also watched while it is up
 (`watch`): its ``health()`` is asked at least every ``EVENT_BACKEND_WATCH_S``, and a boot
-id other than the last one seen is a restart nobody reported, reconciled at once (rule 14).
+id other than the last one seen is a restart nobody reported (rule 14). A restart, seen so or
+reported by the module, is a debt on the health row, written with the boot id in one
+transaction (`owe_reconcile`); `cleanup.reconcile.pay_owed` pays it at the tick, claiming it
+(`claim_owed`) and clearing only the debt it paid (`clear_owed`).
 
 The state lives in `ModuleHealth`, one row per ``(module, backend)``, so every sweeper and
 ticker shares it; every change is a conditional UPDATE, and only the worker whose UPDATE
@@ -36,13 +39,13 @@ import logging
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models import Count, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
 from . import calls, registry, validation, wakeup
-from .conf import setting
-from .enqueue import queue_reconcile
+from .conf import claim_timeout_s, setting
+from .enqueue import queue_owed_reconcile
 from .logs import about
 from .models import (
     CLAIMABLE,
@@ -449,8 +452,10 @@ def probe(module, now=None, backend=""):
 
 def note_boot(module, backend, boot_id, now=None):
     """Keep the boot id a backend's ``health()`` answered; a different one than last time
-    is a restart nobody reported: the backend alone is reconciled with rule 14's look-back.
+    is a restart nobody reported: the backend alone owes a reconcile with rule 14's look-back.
 
+    The new boot id and the debt are written in one transaction (`owe_reconcile`): a
+    restart whose boot id is kept is never forgotten, whatever becomes of the queued task.
     Answers True when this worker saw the restart (the conditional UPDATE it won).
     """
     now = now or timezone.now()
@@ -459,12 +464,81 @@ def note_boot(module, backend, boot_id, now=None):
     health = _health(module, backend)
     if health.boot_id == boot_id:
         return False
-    changed = _rows(module, backend).filter(boot_id=health.boot_id).update(boot_id=boot_id, updated_at=now)
-    if not changed or not health.boot_id:
-        return False  # another worker saw it first, or the first boot id ever seen
+    with transaction.atomic():
+        changed = _rows(module, backend).filter(boot_id=health.boot_id).update(boot_id=boot_id, updated_at=now)
+        if not changed or not health.boot_id:
+            return False  # another worker saw it first, or the first boot id ever seen
+        owe_reconcile(module, backend, now)
     logger.warning("%s restarted (boot id %s, was %s)", backend_name(module, backend), boot_id, health.boot_id)
-    queue_reconcile(module=module, backend=backend, restarted=True)
     return True
+
+
+def owe_reconcile(module, backend="", now=None):
+    """Record that a backend restarted: it owes a reconcile with rule 14's look-back.
+
+    One UPDATE counts the restart (``restarts_seen``, which names the debt) and keeps the
+    oldest time a reconcile has been owed since. Called inside the caller's transaction
+    when it writes a boot id too, so both commit or neither does. The tick pays the debt
+    (`cleanup.reconcile.pay_owed`); the task queued here, once the transaction commits,
+    only hurries it: losing it loses nothing.
+    """
+    now = now or timezone.now()
+    _health(module, backend)
+    _rows(module, backend).update(
+        restarts_seen=F("restarts_seen") + 1,
+        reconcile_owed_since=Coalesce("reconcile_owed_since", Value(now)),
+        updated_at=now,
+    )
+    queue_owed_reconcile(module=module, backend=backend)
+
+
+def restart_reported(sender, *, module, backend="", **kwargs):
+    """`registry.backend_restarted`'s signal: a module says its backend restarted."""
+    with transaction.atomic():
+        owe_reconcile(module, backend)
+
+
+def owed(now=None):
+    """The backends that owe a reconcile and that no live claim holds, oldest debt first.
+    A backend that is down keeps its debt until it is up: its reconcile would have no answer."""
+    now = now or timezone.now()
+    return (
+        ModuleHealth.objects.filter(reconcile_owed_since__isnull=False, state=ModuleState.UP)
+        .filter(Q(reconcile_claim_token__isnull=True) | Q(reconcile_claim_expires_at__lt=now))
+        .order_by("reconcile_owed_since", "id")
+    )
+
+
+def claim_owed(health, token, now=None):
+    """Take the claim on a backend's owed reconcile for ``token``, unless another holds it.
+
+    Answers the `ModuleHealth` as claimed (its ``restarts_seen`` names the debt this claim
+    pays), or None. The claim expires after ``EVENT_CLAIM_TIMEOUT_S``: a ticker that died
+    holding it leaves the debt to the next.
+    """
+    now = now or timezone.now()
+    taken = (
+        owed(now)
+        .filter(pk=health.pk)
+        .update(reconcile_claim_token=token, reconcile_claim_expires_at=now + timedelta(seconds=claim_timeout_s()))
+    )
+    if not taken:
+        return None
+    return ModuleHealth.objects.filter(pk=health.pk, reconcile_claim_token=token).first()
+
+
+def clear_owed(claimed, token):
+    """The reconcile paid for ``claimed`` (as `claim_owed` answered it) has finished: clear
+    the debt it named. A restart noticed since then changed ``restarts_seen``: that debt
+    stays, and only the claim is let go. Answers whether the debt was cleared."""
+    cleared = ModuleHealth.objects.filter(
+        pk=claimed.pk, restarts_seen=claimed.restarts_seen, reconcile_owed_since__isnull=False
+    ).update(reconcile_owed_since=None, reconcile_claim_token=None, reconcile_claim_expires_at=None)
+    if not cleared:
+        ModuleHealth.objects.filter(pk=claimed.pk, reconcile_claim_token=token).update(
+            reconcile_claim_token=None, reconcile_claim_expires_at=None
+        )
+    return bool(cleared)
 
 
 def watched_backends(now, modules):

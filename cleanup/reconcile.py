@@ -9,10 +9,15 @@ not know" must never read as "it is gone" (rule 10).
 After a backend restart (rule 14), reconcile also asks about what was given back within
 ``EVENT_RECONCILE_LOOKBACK_S``: a shard that rolled back to its last save may have
 brought some of it back, and each such resource is ledgered anew and given back again.
-May import: the models, conf, `calls`, `registry`, the pass's `leases` (rule 13); never a surface.
+A restart noticed is a debt on the backend's health row (`cleanup.outages.owe_reconcile`):
+`pay_owed`, at every tick, reconciles the backends that owe one, a bounded number at a time,
+and clears each debt only once its reconcile finished with an answer from the backend.
+May import: the models, conf, `calls`, `registry`, `outages`, `enqueue`, the pass's `leases` (rule 13);
+never a surface.
 """
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,9 +25,20 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import calls, registry
+from . import calls, outages, registry
 from .conf import setting
-from .models import LEASE_KIND, STEP_KIND, UNRESOLVED, CleanupStatus, LogKind, Resource, ResourceState, Run, RunLog
+from .enqueue import queue_sweep
+from .models import (
+    LEASE_KIND,
+    STEP_KIND,
+    UNRESOLVED,
+    CleanupStatus,
+    LogKind,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+)
 from .sweep import leases
 
 logger = logging.getLogger(__name__)
@@ -40,6 +56,7 @@ class ReconcileSummary:
     unanswered: int = 0
     resurrected: int = 0
     forgotten: int = 0  # leases the backend no longer held, settled as orphaned
+    unreachable: int = 0  # questions whose answer blamed the backend (no answer in time, unreachable)
 
     def line(self, name):
         return (
@@ -61,9 +78,10 @@ def _groups(rows):
     return list(groups.values())
 
 
-def _ask(group):
+def _ask(group, summary=None):
     """The module's `calls.Reply` about ``group`` (its ``value``: the refs in force, its
-    ``unknown``: those it cannot tell about), or None when it gave no clear answer."""
+    ``unknown``: those it cannot tell about), or None when it gave no clear answer; an
+    answer that blames the backend is counted in ``summary.unreachable``."""
     action_id = group[0].action_id
     action = registry.get_action(action_id) if action_id else None
     if action is None or not callable(getattr(action, "reconcile", None)):
@@ -79,10 +97,16 @@ def _ask(group):
         resources=[{"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key} for r in group],
     )
     reply = calls.classify_reconcile(answer, action_id)
+    _count_blame(answer, summary)
     if not reply.ok:
         logger.warning("reconcile of %s left the ledger alone: %s", action_id, reply.error)
         return None, action_id
     return reply, action_id
+
+
+def _count_blame(answer, summary):
+    if summary is not None and outages.blame(answer) is not None:
+        summary.unreachable += 1
 
 
 def module_known(name):
@@ -92,9 +116,11 @@ def module_known(name):
     return "\x00" not in name and Resource.objects.filter(module=name).exists()
 
 
-def reconcile_module(name, restarted=False, backend=None):
+def reconcile_module(name, restarted=False, backend=None, restarted_at=None):
     """Reconcile one module's live rows, and after a restart its recent reverts and its
-    leases too; ``backend`` (a name, ``""`` included) limits it to that backend's rows."""
+    leases too; ``backend`` (a name, ``""`` included) limits it to that backend's rows.
+    ``restarted_at``, when the restart was noticed, is where the look-back starts (now by
+    default): a reconcile paid late still asks about what was given back before the restart."""
     if not module_known(name):
         raise UnknownModule(f'no module is named "{name}"')
     summary = ReconcileSummary()
@@ -106,7 +132,7 @@ def reconcile_module(name, restarted=False, backend=None):
         .order_by("id")
     )
     for group in _groups(live):
-        reply, action_id = _ask(group)
+        reply, action_id = _ask(group, summary)
         if reply is None:
             summary.unanswered += len(group)
             continue
@@ -118,8 +144,8 @@ def reconcile_module(name, restarted=False, backend=None):
         summary.in_force += len(known) - len(gone)
         summary.orphaned += _orphan(name, action_id, gone)
     if restarted:
-        summary.forgotten = _forgotten_leases(name, mine)
-        summary.resurrected = _resurrect(name, mine)
+        summary.forgotten = _forgotten_leases(name, mine, summary)
+        summary.resurrected = _resurrect(name, mine, restarted_at, summary)
     return summary
 
 
@@ -145,16 +171,16 @@ def _recent_reverts(mine, since):
     ).select_related("step")
 
 
-def _resurrect(name, mine):
+def _resurrect(name, mine, restarted_at=None, summary=None):
     """Rule 14: record again what a rolled-back backend brought back, to give it back."""
-    since = timezone.now() - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
+    since = (restarted_at or timezone.now()) - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
     back = []  # (row, what)
     recent = _recent_reverts(mine, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
     for group in _groups(recent):
-        reply, action_id = _ask(group)
+        reply, action_id = _ask(group, summary)
         if reply is not None:
             back.extend((row, action_id) for row in group if row.ref in reply.value)
-    back.extend(_leases_back(_recent_reverts(mine, since).filter(kind=LEASE_KIND).order_by("-id")))
+    back.extend(_leases_back(_recent_reverts(mine, since).filter(kind=LEASE_KIND).order_by("-id"), summary))
     count = 0
     touched_runs = set()
     for row, what in back:
@@ -190,7 +216,7 @@ def _resurrect(name, mine):
     return count
 
 
-def _leases_back(rows):
+def _leases_back(rows, summary=None):
     """Restored leases whose applied value is in force again: a save taken while they held.
 
     One read per target, and only the newest restored lease of a target counts: it is the
@@ -208,23 +234,24 @@ def _leases_back(rows):
             continue
         if Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED).exists():
             continue
-        reply = _read(lease, target, row.backend)
+        reply = _read(lease, target, row.backend, summary)
         if reply.ok and reply.value == payload["applied"]:
             back.append((row, row.ref))
     return back
 
 
-def _read(lease, target, backend):
+def _read(lease, target, backend, summary=None):
     """The value in force on a lease's target, as a `calls.Reply`."""
     what = f"{lease.id}.read"
     answer = calls.call(lease.read, budget_ms=calls.budget_of(lease), what=what, backend=backend, target=target)
+    _count_blame(answer, summary)
     return calls.classify_reply(answer, what, key="value")
 
 
 FORGOTTEN = "the backend no longer holds this override"
 
 
-def _forgotten_leases(name, mine):
+def _forgotten_leases(name, mine, summary=None):
     """After a restart: the module's open leases whose override the backend no longer holds.
 
     A setting kept in memory is back at its configured value after a crash, while the
@@ -246,7 +273,7 @@ def _forgotten_leases(name, mine):
         lease, target = registry.lease_for_ref(ref)
         if lease is None:
             continue
-        reply = _read(lease, target, backend)
+        reply = _read(lease, target, backend, summary)
         if reply.ok:
             settled += leases.settle_forgotten(ref, backend, reply.value, FORGOTTEN)
     return settled
@@ -269,3 +296,68 @@ def reconcile_all(restarted=False):
         except Exception:
             logger.exception("reconcile of module %s failed", name)
     return results
+
+
+@dataclass
+class OwedResult:
+    paid: int = 0  # debts cleared: their reconcile finished
+    left: int = 0  # reconciles that failed or had no answer from the backend: owed still
+    work_left: bool = False  # stopped at the bound or the deadline with debts still owed
+
+
+def pay_owed(limit=None, deadline=None, now=None):
+    """Reconcile the backends that owe one after a restart (rule 14), oldest debt first, at
+    most ``limit`` of them (``EVENT_RECONCILES_PER_TICK``); what the tick does, whether or
+    not a cluster runs. None is started past ``deadline``."""
+    limit = setting("EVENT_RECONCILES_PER_TICK") if limit is None else limit
+    result = OwedResult()
+    for health in list(outages.owed(now)[: limit + 1]):
+        if result.paid + result.left >= limit or _past(deadline):
+            result.work_left = True
+            break
+        paid = pay_one(health)
+        if paid is True:
+            result.paid += 1
+        elif paid is False:
+            result.left += 1
+    return result
+
+
+def _past(deadline):
+    return deadline is not None and timezone.now() >= deadline
+
+
+def pay_one(health):
+    """Claim and pay one backend's owed reconcile: True when it finished and its debt was
+    cleared (or a newer one stays), False when it failed, None when another holds the claim.
+
+    A reconcile that raised, or whose backend gave no answer to a question (`_count_blame`),
+    leaves the debt; its claim is left to expire, so the next tries come after
+    ``EVENT_CLAIM_TIMEOUT_S`` and other debts go first meanwhile. One killed midway leaves
+    its claim the same way.
+    """
+    token = uuid.uuid4()
+    claimed = outages.claim_owed(health, token)
+    if claimed is None:
+        return None
+    try:
+        summary = reconcile_module(
+            claimed.module, restarted=True, backend=claimed.backend, restarted_at=claimed.reconcile_owed_since
+        )
+    except UnknownModule:
+        summary = ReconcileSummary()  # nothing is ledgered for it, and nothing can be brought back
+    except Exception:
+        logger.exception("the owed reconcile of %s failed; a later tick tries again", claimed.name)
+        return False
+    if summary.unreachable:
+        logger.warning(
+            "the owed reconcile of %s had no answer from the backend %d time(s); a later tick tries again",
+            claimed.name,
+            summary.unreachable,
+        )
+        return False
+    outages.clear_owed(claimed, token)
+    logger.info(summary.line(claimed.name))
+    if summary.resurrected:
+        queue_sweep()
+    return True

@@ -45,6 +45,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
+from django.dispatch import Signal
+
 from .enqueue import queue_reconcile
 from .envelopes import (
     ApplyAnswer,
@@ -131,7 +133,8 @@ class Action:
     ``"unavailable": True`` when it is down). While the backend is marked down the engine
     probes it instead of letting one ordinary call through; while it is up and holds
     something, the engine asks it at least every ``EVENT_BACKEND_WATCH_S``, and a boot id
-    other than the last one it saw is a restart, reconciled at once (see `cleanup.outages`).
+    other than the last one it saw is a restart: the backend owes a reconcile, made at the
+    next tick if a worker has not made it sooner (see `cleanup.outages`).
 
     **Backends.** A module may serve several backends (shards, realms, servers).
     ``backend_of(params)`` names the backend a step acts on (default ``""``, the module's
@@ -335,12 +338,23 @@ def modules() -> list[str]:
     return sorted({cast(str, e.module) for e in entries})
 
 
+# Sent by `backend_restarted`; the engine (`cleanup.outages.restart_reported`, connected when
+# the app is ready) records the reconcile the backend owes.
+restart_reported = Signal()
+
+
 def backend_restarted(name: str, backend: str = "") -> None:
     """Tell the engine that one backend of a module restarted (it saw a new boot id).
 
-    Queues a reconcile of that backend alone that also looks at what was given back
-    recently (``EVENT_RECONCILE_LOOKBACK_S``): a backend that rolled back to its last save
-    may have brought some of it back. ``backend`` is ``""`` for a module with one.
+    Records in the database that the backend owes a reconcile of its rows alone that also
+    looks at what was given back recently (``EVENT_RECONCILE_LOOKBACK_S``): a backend that
+    rolled back to its last save may have brought some of it back. The tick pays the debt
+    (a queued task hurries it), so the restart is not forgotten if that task is lost.
+    ``backend`` is ``""`` for a module with one.
     """
     logger.info("module %s reports that its backend %r restarted", name, backend)
-    return queue_reconcile(module=name, restarted=True, backend=backend)
+    if not restart_reported.has_listeners():
+        # Only when the app is not loaded: the reconcile is queued, with no debt behind it.
+        queue_reconcile(module=name, restarted=True, backend=backend)
+        return
+    restart_reported.send(sender=name, module=name, backend=backend)

@@ -15,8 +15,8 @@ claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
 Whenever a run is left to wake at a known time (a wait, a backoff, a down backend), the
 runner arms the engine's wake-up for it (`cleanup.wakeup`), and every tick ends by arming
 the next one, so waits end on time rather than at the minute tick.
-May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `calls`, `registry`,
-`validation`, `enqueue`, `wakeup`, the models and conf; never a surface.
+May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `reconcile`, `calls`,
+`registry`, `validation`, `enqueue`, `wakeup`, the models and conf; never a surface.
 """
 
 import logging
@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, outages, registry, tally, validation, wakeup
+from . import calls, ledger, outages, reconcile, registry, tally, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
 from .logs import about, log_context
@@ -650,13 +650,17 @@ class TickResult:
     advance: AdvanceResult
     sweep: object
     watched: int = 0  # backends asked for their health (`cleanup.outages.watch`)
+    owed: reconcile.OwedResult | None = None  # the owed reconciles it made (`cleanup.reconcile.pay_owed`)
 
     @property
     def work_left(self):
-        return self.advance.work_left or self.sweep.work_left
+        return self.advance.work_left or self.sweep.work_left or bool(self.owed and self.owed.work_left)
 
     def line(self):
-        return f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
+        line = f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
+        if self.owed and (self.owed.paid or self.owed.left):
+            line += f"; owed reconciles: {self.owed.paid} done, {self.owed.left} still owed"
+        return line
 
 
 # A busy site ticks many times a minute; the watch looks for due backends at most this
@@ -679,9 +683,19 @@ def _watch():
         return 0
 
 
+def _pay_owed(deadline):
+    """The reconciles backends owe after a restart (rule 14), a bounded number per tick:
+    paid here whether or not a cluster runs the task queued for them. Never fails the tick."""
+    try:
+        return reconcile.pay_owed(deadline=deadline)
+    except Exception:
+        logger.exception("paying the owed reconciles failed; the next tick tries again")
+        return None
+
+
 def tick(by="tick"):
-    """Advance, then clean up, then watch the backends' health, once. A tick that reached
-    a bound queues the next at once.
+    """Advance, then clean up, then watch the backends' health, then make the reconciles
+    owed after a restart, once. A tick that reached a bound queues the next at once.
 
     Both legs share ``EVENT_TICK_BUDGET_S``: past it they start nothing new, so that a
     tick ends well inside django-q2's task timeout even against a shard that hangs (rule 26).
@@ -690,6 +704,8 @@ def tick(by="tick"):
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
     if not past(deadline):
         result.watched = _watch()
+    if not past(deadline):
+        result.owed = _pay_owed(deadline)
     # The API's expired Idempotency-Keys go here, a bounded batch at a time, and the runs'
     # tally is folded to a row per pair, so that a scrape adds up a minute's changes at most.
     IdempotencyKey.objects.prune()

@@ -157,6 +157,20 @@ def reconcile_task(module=None, restarted=False, backend=None):
     return vars(summary)
 
 
+@task
+def reconcile_owed_task(module, backend=""):
+    """The reconcile a backend owes after a restart, sooner than the next tick; nothing
+    when it is paid already or another worker is paying it (`cleanup.reconcile.pay_one`)."""
+    from .models import ModuleHealth, backend_name
+    from .reconcile import pay_one
+
+    health = ModuleHealth.objects.filter(module=module, backend=backend, reconcile_owed_since__isnull=False).first()
+    if health is None:
+        return f"{backend_name(module, backend)} owes no reconcile"
+    outcome = {True: "done", False: "still owed", None: "another worker has it"}[pay_one(health)]
+    return f"owed reconcile of {health.name}: {outcome}"
+
+
 PRUNE_SCHEDULE_NAME = "events: prune"
 PRUNE_FUNC = "cleanup.tasks.prune_task"
 

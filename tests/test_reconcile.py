@@ -99,8 +99,8 @@ def test_it_does_not_orphan_a_row_the_sweep_claimed_while_the_module_answered():
     make_rows(make_step(run), ["orc-1", "orc-2"], placeholder=False)
     real_ask = reconcile_mod._ask
 
-    def ask_while_a_sweeper_claims(group):
-        answer = real_ask(group)
+    def ask_while_a_sweeper_claims(group, *args):
+        answer = real_ask(group, *args)
         Resource.objects.filter(ref="orc-1").update(state="reverting")
         return answer
 

@@ -70,7 +70,17 @@ class MarkDownForm(forms.Form):
 
 @admin.register(ModuleHealth)
 class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
-    list_display = ["module", "state_shown", "since", "error", "boot", "next_probe", "failures_in_row", "changed_by"]
+    list_display = [
+        "module",
+        "state_shown",
+        "since",
+        "error",
+        "boot",
+        "owed",
+        "next_probe",
+        "failures_in_row",
+        "changed_by",
+    ]
     list_filter = ["state", BackendFilter]
     search_fields = ["module", "backend"]
     ordering = ["module", "backend"]
@@ -89,6 +99,8 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         "updated",
         "boot_id",
         "watched",
+        "owed",
+        "restarts_seen",
         "waiting",
     ]
     readonly_fields = [*fields, "backend_shown"]
@@ -171,6 +183,21 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         if not obj.boot_id:
             return "-"
         return format_html('<span title="{}">{}</span>', obj.boot_id, truncatechars(obj.boot_id, BOOT_CHARS))
+
+    @admin.display(description="reconcile owed", ordering="reconcile_owed_since")
+    def owed(self, obj):
+        """A restart noticed and not yet reconciled (rule 14): since when, and whether a worker has it now."""
+        if obj.reconcile_owed_since is None:
+            return "-"
+        now = timezone.now()
+        taken = obj.reconcile_claim_expires_at is not None and obj.reconcile_claim_expires_at > now
+        doing = " (being reconciled now)" if taken else ""
+        return format_html(
+            '<span class="reconcile-owed" title="{}">since {}{}</span>',
+            obj.owed_text(),
+            when(obj.reconcile_owed_since),
+            doing,
+        )
 
     @admin.display(description="next probe")
     def next_probe(self, obj):

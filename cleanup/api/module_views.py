@@ -38,6 +38,8 @@ def describe(health, registered):
         "next_probe_at": health.next_probe_at if down else None,
         "changed_by": health.changed_by,
         "boot_id": health.boot_id,
+        "restarts_seen": health.restarts_seen,
+        "reconcile_owed_since": health.reconcile_owed_since,
         "waiting": health.waiting_text() if down else None,
     }
 

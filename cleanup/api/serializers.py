@@ -362,6 +362,13 @@ class BackendHealthSerializer(serializers.Serializer):
     next_probe_at = serializers.DateTimeField(allow_null=True, help_text="While down: when it is probed next.")
     changed_by = serializers.CharField(help_text='Who marked it last: "engine", "probe" or a person.')
     boot_id = serializers.CharField(help_text='The boot id its health() last answered; "" when none was.')
+    restarts_seen = serializers.IntegerField(
+        help_text="Restarts noticed on this backend: a new boot id, or its module said so."
+    )
+    reconcile_owed_since = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Since when a reconcile is owed after a restart (rule 14), until one finishes; null when none is.",
+    )
     waiting = serializers.CharField(allow_null=True, help_text="What its waiting work shows; null while up.")
 
 
@@ -377,6 +384,10 @@ class ModuleHealthSerializer(serializers.Serializer):
     next_probe_at = serializers.DateTimeField(allow_null=True, help_text='While "" is down: when it is probed next.')
     changed_by = serializers.CharField(help_text='Who marked its backend "" last: "engine", "probe" or a person.')
     boot_id = serializers.CharField(help_text='The boot id its backend "" last answered.')
+    restarts_seen = serializers.IntegerField(help_text='Restarts noticed on its backend "".')
+    reconcile_owed_since = serializers.DateTimeField(
+        allow_null=True, help_text='Since when its backend "" owes a reconcile after a restart; null when none is.'
+    )
     waiting = serializers.CharField(allow_null=True, help_text='What the work of "" shows; null while up.')
     backends = BackendHealthSerializer(
         many=True,
