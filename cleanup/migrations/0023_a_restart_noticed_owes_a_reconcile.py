@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0021_runs_are_tallied_and_runs_left_to_a_person_indexed'),
+        ('cleanup', '0022_a_call_marked_with_its_wave_is_not_spent_by_a_dead_sweeper'),
     ]
 
     operations = [
