@@ -72,7 +72,7 @@ class _Workers:
         self._free = 0
         self._started = 0
 
-    def submit(self, run: Callable[[], "Answer"], done: Callable[["Answer"], object]) -> None:
+    def submit(self, run: Callable[[], Answer], done: Callable[[Answer], object]) -> None:
         """Run ``run()`` on a free worker, then ``done(its result)``."""
         with self._lock:
             if self._free:
@@ -119,7 +119,7 @@ def start(
     verb: str | None = None,
     module: str | None = None,
     **kwargs: Any,
-) -> "Future[Answer]":
+) -> Future[Answer]:
     """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
 
     ``backend`` (which of the module's backends the call is for) is passed on as the
@@ -191,7 +191,7 @@ class _Metric:
         counters.observe("module_call_seconds", self.labels, seconds)
 
 
-def overdue(future: "Future[Answer]", budget_ms: int, what: str) -> Answer:
+def overdue(future: Future[Answer], budget_ms: int, what: str) -> Answer:
     """The answer of a call that did not end within its budget."""
     logger.warning("%s did not answer within %s ms", what, budget_ms)
     metric = getattr(future, "metric", None)
