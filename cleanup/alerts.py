@@ -39,6 +39,7 @@ import logging
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -91,7 +92,7 @@ DUE = (Q(cleanup_status=CleanupStatus.INCOMPLETE) & ~Q(alerted_status=AlertedSta
 )
 
 
-def notice(deliver_now=True):
+def notice(deliver_now: bool = True) -> int:
     """Tell every transition not yet told (at most ``RUNS_PER_NOTICE``), then send the outbox.
 
     Answers how many transitions this call claimed. Safe to call from any number of
@@ -105,10 +106,10 @@ def notice(deliver_now=True):
     return told
 
 
-def tell(run_id):
+def tell(run_id: int) -> str | None:
     """Claim one run's transition and write its log entry and outbox; answers the event or None."""
     with transaction.atomic():
-        event = None
+        event: str | None = None
         if (
             Run.objects.filter(pk=run_id, cleanup_status=CleanupStatus.INCOMPLETE)
             .exclude(alerted_status=AlertedStatus.GAVE_UP)
@@ -133,8 +134,8 @@ def tell(run_id):
     return event
 
 
-def channels():
-    found = []
+def channels() -> list[str]:
+    found: list[str] = []
     if settings.ADMINS:
         found.append(AlertChannel.MAIL)
     if setting("EVENT_ALERT_WEBHOOK_URL"):
@@ -142,20 +143,21 @@ def channels():
     return found
 
 
-def nowhere():
+def nowhere() -> bool:
     """No destination is set: a transition is logged, but nobody is told."""
     return not channels()
 
 
-def _site(path):
-    return (setting("EVENT_SITE_URL") or "").rstrip("/") + path
+def _site(path: str) -> str:
+    base: str = setting("EVENT_SITE_URL") or ""
+    return base.rstrip("/") + path
 
 
-def run_url(run_id):
+def run_url(run_id: int) -> str:
     return _site(reverse("admin:cleanup_run_change", args=[run_id]))
 
 
-def run_links(run_id):
+def run_links(run_id: int) -> dict[str, str]:
     """Where a person (the admin) and a console (the API) read the run."""
     return {
         "admin": run_url(run_id),
@@ -164,7 +166,7 @@ def run_links(run_id):
     }
 
 
-def describe(run, event):
+def describe(run: Run, event: str) -> dict[str, Any]:
     """The message: the run, its unresolved rows with their last errors, and a link to it."""
     unresolved = Resource.objects.filter(run=run, state__in=UNRESOLVED)
     rows = unresolved.order_by("id")[:ROWS_PER_MESSAGE]
@@ -188,7 +190,7 @@ def describe(run, event):
     }
 
 
-def deliver(limit=SENDS_PER_DELIVER):
+def deliver(limit: int = SENDS_PER_DELIVER) -> int:
     """Send the messages that are due, each claimed first; answers how many were sent."""
     now = timezone.now()
     free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
@@ -221,7 +223,7 @@ def deliver(limit=SENDS_PER_DELIVER):
     return sent
 
 
-def send(alert):
+def send(alert: Alert) -> str | None:
     """Send one message; answers None when it was accepted, else why not. Never raises."""
     try:
         if alert.channel == AlertChannel.MAIL:
@@ -237,27 +239,27 @@ def send(alert):
 DELIVERY_NAMESPACE = uuid.UUID("6f0c7c1e-4b1a-4d2e-9a53-2f1f6a0e9b11")
 
 
-def delivery_id(alert):
+def delivery_id(alert: Alert) -> str:
     """The message's delivery id: unique per message, the same on every retry of it."""
     return str(uuid.uuid5(DELIVERY_NAMESPACE, f"{alert.pk}:{alert.created_at.isoformat()}"))
 
 
-def signature(secret, timestamp, body):
+def signature(secret: str, timestamp: int, body: bytes) -> str:
     """``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>.<body>">``; ``body`` is the bytes sent."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={mac}"
 
 
-def post_webhook(payload, delivery=None):
-    url = setting("EVENT_ALERT_WEBHOOK_URL")
+def post_webhook(payload: object, delivery: str | None = None) -> str | None:
+    url: str = setting("EVENT_ALERT_WEBHOOK_URL")
     if not url:
         return "EVENT_ALERT_WEBHOOK_URL is not set"
-    timeout = setting("EVENT_ALERT_WEBHOOK_TIMEOUT_S")
+    timeout: float = setting("EVENT_ALERT_WEBHOOK_TIMEOUT_S")
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
     headers = {"Content-Type": "application/json"}
     if delivery:
         headers["X-Eventsite-Delivery"] = delivery
-    secret = setting("EVENT_ALERT_WEBHOOK_SECRET")
+    secret: str = setting("EVENT_ALERT_WEBHOOK_SECRET")
     if secret:
         headers["X-Eventsite-Signature"] = signature(secret, int(time.time()), body)
     response = httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
@@ -266,7 +268,7 @@ def post_webhook(payload, delivery=None):
     return None
 
 
-def mail_text(message):
+def mail_text(message: dict[str, Any]) -> tuple[str, str]:
     if message["event"] in MODULE_EVENTS:
         return module_mail_text(message)
     run = message["run"]
@@ -293,7 +295,7 @@ def mail_text(message):
 # -- modules ------------------------------------------------------------------------------
 
 
-def notice_modules():
+def notice_modules() -> int:
     """Tell every module change not yet told (at most ``RUNS_PER_NOTICE``); answers how many this call claimed."""
     event_ids = list(
         ModuleEvent.objects.filter(alerted_at__isnull=True, kind__in=MODULE_EVENTS)
@@ -303,7 +305,7 @@ def notice_modules():
     return sum(1 for event_id in event_ids if tell_module(event_id))
 
 
-def tell_module(event_id):
+def tell_module(event_id: int) -> str | None:
     """Claim one module change and write its outbox; answers the event's kind, or None."""
     with transaction.atomic():
         if not ModuleEvent.objects.filter(pk=event_id, alerted_at__isnull=True).update(alerted_at=timezone.now()):
@@ -318,15 +320,15 @@ def tell_module(event_id):
     return event.kind
 
 
-def modules_url():
+def modules_url() -> str:
     return _site(reverse("admin:cleanup_modulehealth_changelist"))
 
 
-def module_links():
+def module_links() -> dict[str, str]:
     return {"admin": modules_url(), "api": _site(reverse("events-modules"))}
 
 
-def describe_module(event):
+def describe_module(event: ModuleEvent) -> dict[str, Any]:
     """The message: which module, what changed, who changed it, the error, and how much waits on it."""
     detail = event.detail or {}
     mine = {"module": event.module, "backend": event.backend}
@@ -349,7 +351,7 @@ def describe_module(event):
     }
 
 
-def module_mail_text(message):
+def module_mail_text(message: dict[str, Any]) -> tuple[str, str]:
     module = one_line(message.get("name") or message["module"])
     by = one_line(message["by"]) or "the engine"
     if message["event"] == MODULE_DOWN:

@@ -16,7 +16,7 @@ class CleanupConfig(AppConfig):
     verbose_name = "Events and cleanup"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self):
+    def ready(self) -> None:
         from django.contrib.auth import get_user_model
         from django.contrib.auth.signals import user_logged_in
         from django.core.signals import request_finished
@@ -48,7 +48,7 @@ class CleanupConfig(AppConfig):
         user_logged_in.connect(security.note_login, dispatch_uid="cleanup.security.note_login")
 
 
-def _ensure_schedule_after_migrate(sender, using=None, **kwargs):
+def _ensure_schedule_after_migrate(sender: AppConfig, using: str | None = None, **kwargs: object) -> None:
     from .tasks import ensure_schedule
 
     ensure_schedule()

@@ -16,9 +16,11 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from django.db import connections
 
@@ -39,15 +41,15 @@ class Answer:
     raw: object = None
     timed_out: bool = False
     exception: str | None = None
-    still_running: Future | None = field(default=None, compare=False, repr=False)
+    still_running: "Future[Answer] | None" = field(default=None, compare=False, repr=False)
 
 
-def budget_of(entry):
+def budget_of(entry: object) -> int:
     budget = getattr(entry, "budget_ms", None)
     return budget if isinstance(budget, int) and budget > 0 else default_budget_ms()
 
 
-def budget_under_claim(entry):
+def budget_under_claim(entry: object) -> int:
     """A call's budget, cut so that it ends a second before the claim covering it expires.
 
     Otherwise a second worker could take the claim, and the step or the rows with it,
@@ -64,13 +66,13 @@ class _Workers:
     another: a hung module costs a thread, never the pass.
     """
 
-    def __init__(self):
-        self._jobs = queue.SimpleQueue()
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Answer], Callable[[Answer], object]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._free = 0
         self._started = 0
 
-    def submit(self, run, done):
+    def submit(self, run: Callable[[], Answer], done: Callable[[Answer], object]) -> None:
         """Run ``run()`` on a free worker, then ``done(its result)``."""
         with self._lock:
             if self._free:
@@ -80,7 +82,7 @@ class _Workers:
                 threading.Thread(target=self._work, name=f"module-call-{self._started}", daemon=True).start()
         self._jobs.put((run, done))
 
-    def _work(self):
+    def _work(self) -> None:
         while True:
             run, done = self._jobs.get()
             result = run()
@@ -93,7 +95,7 @@ class _Workers:
 _workers = _Workers()
 
 
-def _after_fork():
+def _after_fork() -> None:
     # A forked process (a django-q2 worker) inherits the pool's counts but none of its
     # threads: it starts with a pool of its own.
     global _workers
@@ -103,7 +105,21 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def start(fn, *, what, backend=None, verb=None, module=None, **kwargs):
+class _CallFuture(Future[Answer]):
+    """A call's future, with its place in the metrics (`_Metric`)."""
+
+    metric: "_Metric"
+
+
+def start(
+    fn: Callable[..., object],
+    *,
+    what: str,
+    backend: str | None = None,
+    verb: str | None = None,
+    module: str | None = None,
+    **kwargs: Any,
+) -> Future[Answer]:
     """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
 
     ``backend`` (which of the module's backends the call is for) is passed on as the
@@ -112,16 +128,16 @@ def start(fn, *, what, backend=None, verb=None, module=None, **kwargs):
     and are not passed on. The call happens outside any database transaction of the
     caller's, on a worker with its own connections, which it closes when the call ends.
     """
-    future = Future()
+    future = _CallFuture()
     kwargs = {**kwargs, **backend_kwargs(fn, backend)}
     # The caller's log context (its run, module, backend, task) goes with the call.
     context = contextvars.copy_context()
     future.metric = _Metric(fn, what, backend, verb, module, logs.current())
 
-    def call_in_context():
+    def call_in_context() -> Answer:
         return context.run(run)
 
-    def run():
+    def run() -> Answer:
         began = time.monotonic()
         outcome = "ok"
         try:
@@ -145,11 +161,19 @@ VERBS = ("perform", "revert", "reconcile", "read", "apply", "restore", "health")
 class _Metric:
     """A call's place in the metrics: counted once, when it answers or runs out of budget."""
 
-    def __init__(self, fn, what, backend, verb, module, context):
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        what: str,
+        backend: str | None,
+        verb: str | None,
+        module: str | None,
+        context: Mapping[str, Any],
+    ) -> None:
         owner = getattr(fn, "__self__", None)
         if verb is None:
             suffix = str(what).rpartition(".")[2]
-            verb = fn.__name__ if owner is not None else suffix if suffix in VERBS else "call"
+            verb = getattr(fn, "__name__", "call") if owner is not None else suffix if suffix in VERBS else "call"
         self.labels = {
             "module": module or getattr(owner, "module", None) or context.get("module") or "",
             "backend": backend if backend is not None else context.get("backend", ""),
@@ -158,7 +182,7 @@ class _Metric:
         self._lock = threading.Lock()
         self._done = False
 
-    def record(self, outcome, seconds):
+    def record(self, outcome: str, seconds: float) -> None:
         with self._lock:
             if self._done:
                 return
@@ -167,7 +191,7 @@ class _Metric:
         counters.observe("module_call_seconds", self.labels, seconds)
 
 
-def overdue(future, budget_ms, what):
+def overdue(future: Future[Answer], budget_ms: int, what: str) -> Answer:
     """The answer of a call that did not end within its budget."""
     logger.warning("%s did not answer within %s ms", what, budget_ms)
     metric = getattr(future, "metric", None)
@@ -176,7 +200,16 @@ def overdue(future, budget_ms, what):
     return Answer(timed_out=True, exception=f"{what} did not answer within {budget_ms} ms", still_running=future)
 
 
-def call(fn, *, budget_ms, what, backend=None, verb=None, module=None, **kwargs):
+def call(
+    fn: Callable[..., object],
+    *,
+    budget_ms: int,
+    what: str,
+    backend: str | None = None,
+    verb: str | None = None,
+    module: str | None = None,
+    **kwargs: Any,
+) -> Answer:
     """Call ``fn(**kwargs)`` and wait at most ``budget_ms`` for it. Never raises.
 
     A module that hangs costs the caller its budget and no more; the call is abandoned,
@@ -189,7 +222,7 @@ def call(fn, *, budget_ms, what, backend=None, verb=None, module=None, **kwargs)
         return overdue(future, budget_ms, what)
 
 
-def backend_kwargs(fn, backend):
+def backend_kwargs(fn: Callable[..., object], backend: str | None) -> dict[str, str]:
     """``{"backend": backend}`` for a callable that takes it, else nothing.
 
     A callable that names a ``backend`` parameter always gets it, ``""`` (the module's
@@ -204,17 +237,18 @@ def backend_kwargs(fn, backend):
     return {}
 
 
-def _signature_owner(fn):
+def _signature_owner(fn: Callable[..., object]) -> Callable[..., object]:
     """What to read the signature of, as a cache key that outlives a bound method."""
     if inspect.ismethod(fn):
         return fn.__func__
     if inspect.isfunction(fn) or inspect.isbuiltin(fn):
         return fn
-    return type(fn).__call__
+    call: Callable[..., object] = type(fn).__call__
+    return call
 
 
 @functools.lru_cache(maxsize=1024)
-def _takes_backend(owner):
+def _takes_backend(owner: Callable[..., object]) -> Literal["named", "kwargs"] | None:
     try:
         parameters = inspect.signature(owner).parameters.values()
     except (TypeError, ValueError):
@@ -226,7 +260,7 @@ def _takes_backend(owner):
     return None
 
 
-def backend_of(entry, value, what):
+def backend_of(entry: object, value: object, what: str) -> tuple[str, None] | tuple[None, str]:
     """The backend an action names for its params (a lease for its target): ``""`` when it
     has no ``backend_of``; ``(None, error)`` when its answer cannot name one. Each call then
     goes to that backend alone, and its health and outages are its own (rule 31).
@@ -242,7 +276,7 @@ def backend_of(entry, value, what):
         return None, f"{what} could not name its backend: {type(exc).__name__}: {exc}"
     if backend is None:
         return "", None
-    if not backend_name_ok(backend):
+    if not isinstance(backend, str) or not backend_name_ok(backend):
         return None, (
             f"{what} named its backend {backend!r:.100}: a backend's name is text of at most "
             f"{MAX_BACKEND} characters, without '/'"
@@ -250,7 +284,7 @@ def backend_of(entry, value, what):
     return backend, None
 
 
-def backend_name_ok(backend):
+def backend_name_ok(backend: object) -> bool:
     """A name the ledger can store and a URL can carry: at most ``MAX_BACKEND`` characters
     of valid text, no NUL, no ``/``, no space at either end."""
     if not isinstance(backend, str) or len(backend) > MAX_BACKEND or backend != backend.strip():
@@ -267,13 +301,13 @@ def backend_name_ok(backend):
 MAX_BACKEND = 100
 
 
-def _shape(raw):
+def _shape(raw: object) -> str:
     if raw is None:
         return "nothing"
     return f"a {type(raw).__name__}"
 
 
-def _failure_text(raw, what):
+def _failure_text(raw: object, what: str) -> str:
     """The error a non-success answer carries, or a sentence saying what was wrong."""
     if isinstance(raw, dict):
         error = raw.get("error")
@@ -287,7 +321,7 @@ def _failure_text(raw, what):
     return f"{what} answered {_shape(raw)} instead of an envelope"
 
 
-def _is_success(raw):
+def _is_success(raw: object) -> bool:
     return isinstance(raw, dict) and raw.get("ok") is True
 
 
@@ -304,21 +338,21 @@ class Verdict:
 
     outcome: Outcome
     error: str = ""
-    failed: frozenset = field(default_factory=frozenset)
+    failed: frozenset[str] = field(default_factory=frozenset)
     current: object = None
     # The module's own reason for each failed ref that it gave one for.
-    reasons: dict = field(default_factory=dict, compare=False, hash=False)
+    reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def terminal(cls, error):
+    def terminal(cls, error: str) -> "Verdict":
         return cls(Outcome.TERMINAL, error=error)
 
     @classmethod
-    def retry(cls, error):
+    def retry(cls, error: str) -> "Verdict":
         return cls(Outcome.RETRY, error=error)
 
 
-def _failure_verdict(raw, what):
+def _failure_verdict(raw: object, what: str) -> Verdict:
     if isinstance(raw, dict) and raw.get("drifted") is True:
         current = raw.get("current")
         return Verdict(
@@ -332,7 +366,7 @@ def _failure_verdict(raw, what):
     return Verdict.retry(error)
 
 
-def classify_revert(answer, what, refs=()):
+def classify_revert(answer: Answer, what: str, refs: Iterable[object] = ()) -> Verdict:
     """A revert's or a restore's answer as a `Verdict`.
 
     ``refs`` are the refs the call was asked about. ``failed`` is a list of refs, or an
@@ -343,7 +377,7 @@ def classify_revert(answer, what, refs=()):
     if answer.exception:
         return Verdict.retry(answer.exception)
     raw = answer.raw
-    if not _is_success(raw):
+    if not isinstance(raw, dict) or not _is_success(raw):
         return _failure_verdict(raw, what)
     failed = raw.get("failed", [])
     if failed is None:
@@ -366,7 +400,7 @@ def classify_revert(answer, what, refs=()):
 MAX_REASON = 500
 
 
-def reason_text(text):
+def reason_text(text: str) -> str:
     """A module's reason as text the ledger can store: no NUL, no lone surrogate, bounded."""
     text = text.strip().replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
@@ -377,12 +411,12 @@ class Performed:
     """The classified answer to a perform: resources on success, else an error."""
 
     ok: bool
-    resources: tuple = ()
+    resources: tuple[dict[str, Any], ...] = ()
     error: str = ""
     retry: bool = True
 
 
-def _resource_problem(index, item):
+def _resource_problem(index: int, item: object) -> str | None:
     if not isinstance(item, dict):
         return f"resources[{index}] is {_shape(item)}, not a dict"
     for name in ("kind", "ref"):
@@ -403,7 +437,7 @@ def _resource_problem(index, item):
     return None
 
 
-def _refusal(answer, what):
+def _refusal(answer: Answer, what: str) -> tuple[str, bool] | None:
     """``(error, retry)`` when the answer is not a success, else None.
 
     No answer (a timeout, an exception) is worth another try; so is any refusal that
@@ -417,11 +451,11 @@ def _refusal(answer, what):
     return _failure_text(raw, what), not (isinstance(raw, dict) and raw.get("retry") is False)
 
 
-def classify_perform(answer, what):
+def classify_perform(answer: Answer, what: str) -> Performed:
     refused = _refusal(answer, what)
     if refused:
         return Performed(ok=False, error=refused[0], retry=refused[1])
-    raw = answer.raw
+    raw = _success(answer)
     resources = raw.get("resources", [])
     if resources is None:
         resources = []
@@ -453,27 +487,33 @@ class Reply:
     error: str = ""
     retry: bool = True
     # A reconcile's refs the module could not tell about: neither in force nor gone.
-    unknown: frozenset = frozenset()
+    unknown: frozenset[str] = frozenset()
 
 
-def classify_reply(answer, what, key=None):
+def _success(answer: Answer) -> dict[str, Any]:
+    """The answer of a call `_refusal` passed: a dict whose ``ok`` is True."""
+    assert isinstance(answer.raw, dict)
+    return answer.raw
+
+
+def classify_reply(answer: Answer, what: str, key: str | None = None) -> Reply:
     """Success needs ``ok is True`` and, when ``key`` is given, that key in the answer."""
     refused = _refusal(answer, what)
     if refused:
         return Reply(ok=False, error=refused[0], retry=refused[1])
-    raw = answer.raw
+    raw = _success(answer)
     if key is not None and key not in raw:
         return Reply(ok=False, error=f"{what} answered ok without `{key}`")
     return Reply(ok=True, value=raw.get(key) if key else None)
 
 
-def classify_health(answer, what):
+def classify_health(answer: Answer, what: str) -> Reply:
     """A ``health()`` answer: ``ok`` with the backend's boot id as ``value`` (None when it
     gave none, or none that is a short text), or a Reply whose ``ok`` is False saying why."""
     reply = classify_reply(answer, what)
     if not reply.ok:
         return reply
-    boot_id = answer.raw.get("boot_id")
+    boot_id = _success(answer).get("boot_id")
     if not (isinstance(boot_id, str) and 0 < len(boot_id) <= MAX_BOOT_ID and boot_id.isprintable()):
         boot_id = None
     return Reply(ok=True, value=boot_id)
@@ -482,7 +522,7 @@ def classify_health(answer, what):
 MAX_BOOT_ID = 200
 
 
-def classify_reconcile(answer, what):
+def classify_reconcile(answer: Answer, what: str) -> Reply:
     """The set of refs still in force, and those the module cannot tell about (``unknown``);
     or a Reply whose ``ok`` is False: "I do not know" about any of them.
 
@@ -491,18 +531,19 @@ def classify_reconcile(answer, what):
     reply = classify_reply(answer, what, key="in_force")
     if not reply.ok:
         return reply
-    if not _refs(reply.value):
+    in_force = reply.value
+    if not isinstance(in_force, list) or not _refs(in_force):
         return Reply(ok=False, error=f"{what} answered `in_force` that is not a list of refs")
-    unknown = answer.raw.get("unknown", [])
+    unknown = _success(answer).get("unknown", [])
     if unknown is None:
         unknown = []
     if not _refs(unknown):
         return Reply(ok=False, error=f"{what} answered `unknown` that is not a list of refs")
-    both = sorted(set(reply.value) & set(unknown))
+    both = sorted(set(in_force) & set(unknown))
     if both:
         return Reply(ok=False, error=f"{what} answered refs both in force and unknown: {both[:10]}")
-    return Reply(ok=True, value=frozenset(reply.value), unknown=frozenset(unknown))
+    return Reply(ok=True, value=frozenset(in_force), unknown=frozenset(unknown))
 
 
-def _refs(value):
+def _refs(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(r, str) for r in value)

@@ -10,6 +10,7 @@ that is not set is its default here, and nowhere else.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -37,7 +38,7 @@ class Setting:
     old_names: tuple[str, ...] = ()
 
     @property
-    def names(self):
+    def names(self) -> tuple[str, ...]:
         """The name first, then the old names, in the order `setting()` reads them."""
         return (self.name, *self.old_names)
 
@@ -251,7 +252,7 @@ ATTEMPTS_CEILING = BY_NAME["EVENT_REVERT_MAX_ATTEMPTS"].high
 _UNSET = object()
 
 
-def setting(name):
+def setting(name: str) -> Any:
     """The value of an engine setting now: the Django setting of its name, else of an old
     name, else its default. An old name reads the same. A name not in `SETTINGS` is a KeyError."""
     entry = BY_NAME[name]
@@ -262,19 +263,22 @@ def setting(name):
     return entry.default
 
 
-def max_revert_attempts():
-    return setting("EVENT_REVERT_MAX_ATTEMPTS")
+def max_revert_attempts() -> int:
+    attempts: int = setting("EVENT_REVERT_MAX_ATTEMPTS")
+    return attempts
 
 
-def claim_timeout_s():
-    return setting("EVENT_CLAIM_TIMEOUT_S")
+def claim_timeout_s() -> int:
+    seconds: int = setting("EVENT_CLAIM_TIMEOUT_S")
+    return seconds
 
 
-def default_budget_ms():
-    return setting("EVENT_DEFAULT_BUDGET_MS")
+def default_budget_ms() -> int:
+    budget: int = setting("EVENT_DEFAULT_BUDGET_MS")
+    return budget
 
 
-def markdown_table():
+def markdown_table() -> str:
     """`SETTINGS` as the Markdown table of docs/settings.md, which bin/settings-doc writes there."""
     lines = ["| setting | default | accepts | meaning |", "| --- | --- | --- | --- |"]
     for entry in SETTINGS:
@@ -283,11 +287,11 @@ def markdown_table():
     return "\n".join(lines) + "\n"
 
 
-def _shown(default):
+def _shown(default: int | str) -> str:
     return f"`{default}`" if default != "" else "empty"
 
 
-def _accepts(entry):
+def _accepts(entry: Setting) -> str:
     if entry.kind == INT and entry.low is not None:
         return f"{entry.low} to {entry.high}"
     if entry.kind in (URL, TEXT):

@@ -14,6 +14,8 @@ import json
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
 from django.db import DatabaseError, connection
 
@@ -24,16 +26,17 @@ logger = logging.getLogger(__name__)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _lock = threading.Lock()
-_pending: dict[str, list] = defaultdict(lambda: [None, None, 0.0])
+# Each counter's key to [its name, its labels, the sum not yet written].
+_pending: dict[str, list[Any]] = defaultdict(lambda: [None, None, 0.0])
 
 
-def key_of(name, labels):
+def key_of(name: str, labels: Mapping[str, object]) -> str:
     """The counter's key: its name and labels as the metrics text writes them."""
     inner = ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
     return f"{name}{{{inner}}}"
 
 
-def add(name, labels=None, amount=1.0):
+def add(name: str, labels: Mapping[str, object] | None = None, amount: float = 1.0) -> None:
     labels = {k: str(v) for k, v in (labels or {}).items()}
     key = key_of(name, labels)
     with _lock:
@@ -42,7 +45,7 @@ def add(name, labels=None, amount=1.0):
         entry[2] += amount
 
 
-def observe(name, labels, seconds):
+def observe(name: str, labels: Mapping[str, object], seconds: float) -> None:
     """One observation of a histogram: its bucket (the smallest ``le`` that holds it), sum and count."""
     le = next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
     add(f"{name}_bucket", {**labels, "le": le})
@@ -50,18 +53,18 @@ def observe(name, labels, seconds):
     add(f"{name}_count", labels)
 
 
-def pending():
+def pending() -> dict[str, tuple[Any, ...]]:
     with _lock:
         return {key: tuple(entry) for key, entry in _pending.items()}
 
 
-def forget():
+def forget() -> None:
     """Drop what this process counted and did not write (a test's leftovers)."""
     with _lock:
         _pending.clear()
 
 
-def flush(quiet=False):
+def flush(quiet: bool = False) -> int:
     """Write what this process counted since its last flush; never raises."""
     with _lock:
         taken = [(key, name, labels, value) for key, (name, labels, value) in _pending.items() if value]
@@ -93,11 +96,11 @@ def flush(quiet=False):
     return len(taken)
 
 
-def flush_after_request(**kwargs):
+def flush_after_request(**kwargs: object) -> None:
     flush()
 
 
-def _flush_at_exit():
+def _flush_at_exit() -> None:
     try:
         flush(quiet=True)
     except Exception:  # the database may be gone with the process

@@ -8,6 +8,7 @@ May import: nothing of the app (django-q2 is imported when a task is queued).
 """
 
 import logging
+from collections.abc import Collection
 
 from django.db import transaction
 
@@ -23,7 +24,7 @@ STARTUP = "cleanup.tasks.startup_task"
 WAKE = "cleanup.tasks.wake_task"
 
 
-def enqueue(func, *args, **kwargs):
+def enqueue(func: str, *args: object, **kwargs: object) -> None:
     """Queue the task at dotted path ``func`` once the current transaction commits.
 
     Outside a transaction it is queued at once. A task that cannot be queued is logged
@@ -31,7 +32,7 @@ def enqueue(func, *args, **kwargs):
     """
     from django_q.tasks import async_task
 
-    def send():
+    def send() -> None:
         try:
             async_task(func, *args, **kwargs)
         except Exception:
@@ -40,32 +41,32 @@ def enqueue(func, *args, **kwargs):
     transaction.on_commit(send)
 
 
-def queue_cleanup(run_id, actor=None):
+def queue_cleanup(run_id: int, actor: str | None = None) -> None:
     enqueue(CLEANUP_RUN, run_id, actor=actor, task_name=f"cleanup run {run_id}")
 
 
-def queue_cleanups(run_ids, actor=None):
+def queue_cleanups(run_ids: Collection[int], actor: str | None = None) -> None:
     enqueue(CLEANUP_RUNS, list(run_ids), actor=actor, task_name=f"cleanup {len(run_ids)} runs")
 
 
-def queue_sweep():
+def queue_sweep() -> None:
     enqueue(SWEEP, task_name="cleanup sweep")
 
 
-def queue_tick():
+def queue_tick() -> None:
     enqueue(TICK, task_name="tick")
 
 
-def queue_reconcile(module=None, restarted=False, backend=None):
+def queue_reconcile(module: str | None = None, restarted: bool = False, backend: str | None = None) -> None:
     """Queue a reconcile of every module, of one module, or of one backend of a module."""
     extra = {} if backend is None else {"backend": backend}
     enqueue(RECONCILE, module=module, restarted=restarted, task_name="reconcile", **extra)
 
 
-def queue_owed_reconcile(module, backend=""):
+def queue_owed_reconcile(module: str, backend: str = "") -> None:
     """Queue the reconcile a backend owes after a restart, to hurry it: the tick pays it anyway."""
     enqueue(RECONCILE_OWED, module=module, backend=backend, task_name="owed reconcile")
 
 
-def queue_startup():
+def queue_startup() -> None:
     enqueue(STARTUP, task_name="worker start-up")

@@ -16,17 +16,21 @@ the ``LOGGING`` setting.
 
 import hashlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from django.core.cache import cache
 from django.utils.log import AdminEmailHandler
 
 from .conf import setting
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
 logger = logging.getLogger("cleanup.errormail")
 MAIL_ADMINS = "django.core.mail.mail_admins"
 
 
-def fingerprint(record):
+def fingerprint(record: logging.LogRecord) -> str:
     """What makes two log records the same error."""
     parts = [record.name, str(record.levelno)]
     if record.exc_info and record.exc_info[0] is not None:
@@ -44,9 +48,9 @@ def fingerprint(record):
     return hashlib.sha256("\n".join(parts).encode("utf-8", "replace")).hexdigest()
 
 
-def first_in_interval(record):
+def first_in_interval(record: logging.LogRecord) -> bool:
     """True for the first record of its error within the interval (then it is mailed)."""
-    interval = setting("EVENT_ERROR_MAIL_INTERVAL_S")
+    interval: int = setting("EVENT_ERROR_MAIL_INTERVAL_S")
     if interval <= 0:
         return True
     try:
@@ -58,11 +62,11 @@ def first_in_interval(record):
 class QueuedAdminEmailHandler(AdminEmailHandler):
     """Django's error mail, queued for the cluster and bounded per distinct error."""
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         if first_in_interval(record):
             super().emit(record)
 
-    def send_mail(self, subject, message, *args, **kwargs):
+    def send_mail(self, subject: "StrOrPromise", message: "StrOrPromise", *args: Any, **kwargs: Any) -> None:
         try:
             from django_q.tasks import async_task
 

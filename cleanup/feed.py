@@ -14,6 +14,8 @@ Places increase but may have gaps: they are not counts. Every read of the feed, 
 May import: the models.
 """
 
+from typing import Any
+
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 
@@ -25,7 +27,7 @@ STAMP_BATCH = 1000
 FEED_KINDS = ("run", "module")
 
 
-def _locked_sequence():
+def _locked_sequence() -> FeedSequence:
     """The `FeedSequence` row, locked for this transaction (made when missing)."""
     # The UPDATE takes the row's lock on PostgreSQL and the write lock on SQLite before
     # anything is read, so two stampers never number from the same place.
@@ -43,11 +45,11 @@ def _locked_sequence():
     return FeedSequence.objects.get(pk=1)
 
 
-def _unstamped():
+def _unstamped() -> bool:
     return RunLog.objects.filter(seq__isnull=True).exists() or ModuleEvent.objects.filter(seq__isnull=True).exists()
 
 
-def stamp():
+def stamp() -> int:
     """Give a place to up to `STAMP_BATCH` committed entries that have none; answers how many."""
     if not _unstamped():
         return 0
@@ -57,29 +59,29 @@ def stamp():
         events = list(ModuleEvent.objects.filter(seq__isnull=True).order_by("id").only("id", "at")[:STAMP_BATCH])
         # Written order within the batch: by time, then by table and id.
         entries = sorted([(e.at, 0, e.id, e) for e in logs] + [(e.at, 1, e.id, e) for e in events])[:STAMP_BATCH]
-        place = sequence.last
+        place: int = sequence.last
         for _, _, _, entry in entries:
             place += 1
             entry.seq = place
-        RunLog.objects.bulk_update([e for _, t, _, e in entries if t == 0], ["seq"])
-        ModuleEvent.objects.bulk_update([e for _, t, _, e in entries if t == 1], ["seq"])
+        RunLog.objects.bulk_update([e for _, _, _, e in entries if isinstance(e, RunLog)], ["seq"])
+        ModuleEvent.objects.bulk_update([e for _, _, _, e in entries if isinstance(e, ModuleEvent)], ["seq"])
         FeedSequence.objects.filter(pk=1).update(last=place)
     return len(entries)
 
 
-def position():
+def position() -> int:
     """The highest place in the feed now: what follows it is what happens from now on."""
     stamp()
-    sequence = FeedSequence.objects.filter(pk=1).values_list("last", flat=True).first()
+    sequence: int | None = FeedSequence.objects.filter(pk=1).values_list("last", flat=True).first()
     return sequence or 0
 
 
-def entries_after(after, limit):
+def entries_after(after: int, limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` entries placed after ``after``, in place order, as dicts."""
     stamp()
     logs = RunLog.objects.filter(seq__gt=after).order_by("seq")[:limit]
     events = ModuleEvent.objects.filter(seq__gt=after).order_by("seq")[:limit]
-    found = [
+    found: list[dict[str, Any]] = [
         {
             "id": e.seq,
             "at": e.at,
@@ -108,7 +110,7 @@ def entries_after(after, limit):
     return found[:limit]
 
 
-def release_connection():
+def release_connection() -> None:
     """Close the database connection between polls, unless a transaction holds it."""
     if not connection.in_atomic_block:
         connection.close()

@@ -15,14 +15,16 @@ May import: nothing of the engine.
 import contextvars
 import json
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 FIELDS = ("run", "module", "backend", "task")
 PREFIX = "about_"
 
 
-def about(**fields):
+def about(**fields: object) -> dict[str, object]:
     """``extra=`` for one logging call: what this line is about (run, module, backend, task)."""
     unknown = set(fields) - set(FIELDS)
     if unknown:
@@ -30,11 +32,11 @@ def about(**fields):
     return {PREFIX + k: v for k, v in fields.items() if v is not None and v != ""}
 
 
-_context: contextvars.ContextVar[dict] = contextvars.ContextVar("cleanup_log_context", default={})  # noqa: B039
+_context: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("cleanup_log_context", default={})  # noqa: B039
 
 
 @contextmanager
-def log_context(**fields):
+def log_context(**fields: object) -> Iterator[None]:
     """Inside this block, log records carry ``fields`` (None values are left out)."""
     known = {k[len(PREFIX) :]: v for k, v in about(**fields).items()}
     token = _context.set({**_context.get(), **known})
@@ -44,7 +46,7 @@ def log_context(**fields):
         _context.reset(token)
 
 
-def current():
+def current() -> dict[str, Any]:
     """The fields the current context gives a record."""
     return dict(_context.get())
 
@@ -52,7 +54,7 @@ def current():
 class ContextFilter(logging.Filter):
     """Gives each record the context's run, module, backend and task (never drops one)."""
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         for name, value in _context.get().items():
             if not hasattr(record, PREFIX + name):
                 setattr(record, PREFIX + name, value)
@@ -62,8 +64,8 @@ class ContextFilter(logging.Filter):
 class JsonFormatter(logging.Formatter):
     """One JSON object per record and line."""
 
-    def format(self, record):
-        entry = {
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,

@@ -14,10 +14,13 @@ and the app's start-up (`note_login`).
 
 import re
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth import logout
-from django.http import Http404
+from django.contrib.sessions.backends.base import SessionBase
+from django.http import Http404, HttpRequest, HttpResponseBase
 from django.utils.cache import patch_cache_control
 
 # C0 controls, DEL, C1 controls and the surrogates (a lone one cannot be encoded).
@@ -26,8 +29,11 @@ BAD_PATH_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # The session key that holds the time of a session's last request.
 LAST_SEEN = "cleanup_last_seen"
 
+GetResponse = Callable[[HttpRequest], HttpResponseBase]
+View = TypeVar("View", bound=Callable[..., Any])
 
-def path_problem(path):
+
+def path_problem(path: str) -> bool:
     """Whether ``path`` (decoded) has a character no URL of the site has."""
     return BAD_PATH_CHARACTER.search(path) is not None
 
@@ -36,16 +42,16 @@ class RefuseControlCharacterPaths:
     """A path with a control character or a lone surrogate answers 404 (the site's 404 page,
     JSON under ``/api/``)."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if path_problem(request.path_info) or path_problem(request.path):
             raise Http404("no such page")
         return self.get_response(request)
 
 
-def note_login(sender, request, user, **kwargs):
+def note_login(sender: object, request: HttpRequest, user: object, **kwargs: object) -> None:
     """``user_logged_in``: a new session starts its idle clock at the login, so that its first
     pages need not save it again (wired by the app)."""
     session = getattr(request, "session", None)
@@ -53,10 +59,10 @@ def note_login(sender, request, user, **kwargs):
         session[LAST_SEEN] = int(time.time())
 
 
-def refreshes_itself(view):
+def refreshes_itself(view: View) -> View:
     """Marks a view a page reads again by itself (the admin's live fragments): reading it is
     not a person's activity, so it does not hold an idle session open."""
-    view.refreshes_itself = True
+    view.refreshes_itself = True  # type: ignore[attr-defined]  # a mark on the view function
     return view
 
 
@@ -71,20 +77,20 @@ class IdleSessionTimeout:
 
     WRITE_EVERY_S = 60
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
-    def _clock(self, request):
+    def _clock(self, request: HttpRequest) -> tuple[SessionBase, float | None, float] | None:
         """The session and its last activity, when the idle clock applies to this request."""
-        timeout = getattr(settings, "SESSION_IDLE_TIMEOUT", 0)
-        session = getattr(request, "session", None)
+        timeout: float = getattr(settings, "SESSION_IDLE_TIMEOUT", 0)
+        session: SessionBase | None = getattr(request, "session", None)
         user = getattr(request, "user", None)
         if not timeout or session is None or user is None or not user.is_authenticated:
             return None
         last = session.get(LAST_SEEN)
         return session, (last if isinstance(last, int | float) else None), timeout
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         clock = self._clock(request)
         if clock is not None:
             _session, last, timeout = clock
@@ -92,7 +98,13 @@ class IdleSessionTimeout:
                 logout(request)
         return self.get_response(request)
 
-    def process_view(self, request, view_func, view_args, view_kwargs):
+    def process_view(
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., object],
+        view_args: tuple[object, ...],
+        view_kwargs: dict[str, object],
+    ) -> None:
         clock = self._clock(request)
         if clock is None or getattr(view_func, "refreshes_itself", False):
             return None
@@ -106,10 +118,10 @@ class IdleSessionTimeout:
 class NoStoreForApi:
     """``Cache-Control: no-store`` (and ``private``) on every answer under ``/api/``."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         response = self.get_response(request)
         if request.path.startswith("/api/"):
             patch_cache_control(response, no_store=True, private=True)

@@ -13,10 +13,11 @@ May import: `tasks` (the schedule's name) and conf.
 """
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
@@ -28,11 +29,11 @@ from .tasks import SCHEDULE_FUNC, SCHEDULE_NAME
 logger = logging.getLogger(__name__)
 
 
-def stale_after():
+def stale_after() -> timedelta:
     return timedelta(seconds=setting("EVENT_HEALTH_STALE_S"))
 
 
-def ticks():
+def ticks() -> Any:
     """The schedule's ticks that a worker finished, through django-q2's index of
     successful tasks by group (``success_index``). django-q2 keeps the newest
     ``save_limit`` results, so the last minute's tick is there."""
@@ -41,7 +42,7 @@ def ticks():
     return Success.objects.filter(group=SCHEDULE_NAME, func=SCHEDULE_FUNC)
 
 
-def healthy(now=None):
+def healthy(now: datetime | None = None) -> bool:
     """True when the database answers and a cluster finished a tick of the schedule recently."""
     try:
         problem = _problem(now or timezone.now())
@@ -53,7 +54,7 @@ def healthy(now=None):
     return problem is None
 
 
-def _problem(now):
+def _problem(now: datetime) -> str | None:
     """What keeps the background from working, or None."""
     from django_q.models import Schedule
 
@@ -70,7 +71,7 @@ def _problem(now):
 @csrf_exempt
 @never_cache
 @require_safe
-def healthz(request):
+def healthz(request: HttpRequest) -> HttpResponse:
     if healthy():
         return HttpResponse("ok\n", content_type="text/plain")
     return HttpResponse("not ok\n", content_type="text/plain", status=503)

@@ -9,6 +9,8 @@ statuses, zero where there is none.
 May import: the models.
 """
 
+from typing import Any
+
 from django.db import connection
 from django.db.models import Count, Sum
 
@@ -17,16 +19,16 @@ from .models import CleanupStatus, Run, RunStatus, RunTally
 PAIRS = [(status, cleanup) for status in RunStatus.values for cleanup in CleanupStatus.values]
 
 
-def kept():
+def kept() -> bool:
     """Whether the database keeps the tally (its triggers are PostgreSQL's)."""
     return connection.vendor == "postgresql"
 
 
-def counts():
+def counts() -> dict[tuple[str, str], int]:
     """``{(status, cleanup_status): runs}`` for every pair, in one query."""
     found = dict.fromkeys(PAIRS, 0)
     if kept():
-        rows = RunTally.objects.values("status", "cleanup_status").annotate(n=Sum("delta")).order_by()
+        rows: Any = RunTally.objects.values("status", "cleanup_status").annotate(n=Sum("delta")).order_by()
     else:
         rows = Run.objects.values("status", "cleanup_status").annotate(n=Count("id")).order_by()
     for row in rows:
@@ -41,7 +43,7 @@ SELECT status, cleanup_status, sum(delta) FROM gone GROUP BY status, cleanup_sta
 """
 
 
-def fold():
+def fold() -> int:
     """Replace the tally's changes by one row per pair, in one statement; answers the pairs
     kept. Changes appended meanwhile are not in its snapshot and stay as they are; two
     folds at once each take only rows the other has not, so the sums never change."""
@@ -49,4 +51,5 @@ def fold():
         return 0
     with connection.cursor() as cursor:
         cursor.execute(FOLD.format(table=connection.ops.quote_name(RunTally._meta.db_table)))
-        return cursor.rowcount
+        folded: int = cursor.rowcount
+        return folded

@@ -11,12 +11,14 @@ aggregate, and the markers are capped.
 May import: the models only. Reads only.
 """
 
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 from django.utils.html import escape
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeString, mark_safe
 
 from .models import (
     STEP_KIND,
@@ -26,10 +28,14 @@ from .models import (
     ModuleEventKind,
     Resource,
     ResourceState,
+    Run,
     RunLog,
     Step,
     backend_name,
 )
+
+# Where a moment is drawn, across.
+Across = Callable[[datetime], float]
 
 # The picture is drawn in these units and scaled to the page's width (viewBox, width 100%).
 WIDTH, HEIGHT = 1200, 262
@@ -41,7 +47,7 @@ SLICES = 64
 TAIL = 0.05
 DOT, LANES = 5, 3
 MARKERS = 300
-MARKED = {
+MARKED: dict[str, tuple[str, str]] = {
     LogKind.CLEANUP_FAILED: ("failed attempt", "#ba2121"),
     LogKind.CLEANUP_RETRY: ("a person's retry", "#205067"),
     LogKind.CLEANUP_GAVE_UP: ("cleanup gave up", "#e07000"),
@@ -51,7 +57,7 @@ MARKED = {
     LogKind.RUN_ABORTED: ("run aborted", "#666"),
 }
 # The curves: what the run took, and how each row left the ledger, apart.
-CURVES = [
+CURVES: list[tuple[str, str | None, str, str]] = [
     ("taken", None, "#205067", ""),
     ("given back", ResourceState.REVERTED, "#447e36", ""),
     ("waived", ResourceState.WAIVED, "#8e44ad", "6,3"),
@@ -60,7 +66,7 @@ CURVES = [
 OUTAGE_FILL = "#f5c542"
 
 
-def svg(run):
+def svg(run: Run) -> SafeString:
     rows = Resource.objects.filter(run=run).exclude(kind=STEP_KIND)
     span = rows.aggregate(first=Min("created_at"), resolved=Max("resolved_at"))
     last_log = RunLog.objects.filter(run=run).order_by("-id").values_list("at", flat=True).first()
@@ -72,7 +78,7 @@ def svg(run):
     end = start + timedelta(seconds=length)
     shown = length * (1 + TAIL)
 
-    def x(t):
+    def x(t: datetime) -> float:
         return LEFT + (WIDTH - LEFT - RIGHT) * min(max((t - start).total_seconds() / shown, 0), 1)
 
     cuts = [start + timedelta(seconds=length * i / SLICES) for i in range(SLICES + 1)]
@@ -84,14 +90,14 @@ def svg(run):
             for i, c in enumerate(cuts)
         },
     )
-    curves = []
+    curves: list[tuple[str, list[int], str, str]] = []
     for name, state, color, dash in CURVES:
         values = [counts[f"{state or 't'}{i}"] for i in range(SLICES + 1)]
         if state is None or values[-1] or state == ResourceState.REVERTED:
             curves.append((name, values, color, dash))
     top = max(max(curves[0][1]), 1)
 
-    def y(n):
+    def y(n: float) -> float:
         return CHART_BOTTOM - (CHART_BOTTOM - CHART_TOP) * n / top
 
     parts = [
@@ -132,15 +138,23 @@ def svg(run):
     return mark_safe("".join(parts))  # every text in it went through escape()
 
 
-def _t(at):
+def _t(at: datetime) -> str:
     return timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _label(x, y, text, anchor="start", color="#333"):
+def _label(x: float, y: float, text: str, anchor: str = "start", color: str = "#333") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{color}">{escape(text)}</text>'
 
 
-def _steps_path(cuts, values, x, y, color, name, dash=""):
+def _steps_path(
+    cuts: Sequence[datetime],
+    values: Sequence[int],
+    x: Across,
+    y: Callable[[float], float],
+    color: str,
+    name: str,
+    dash: str = "",
+) -> str:
     points = []
     for i, (at, n) in enumerate(zip(cuts, values, strict=True)):
         if i:
@@ -153,7 +167,7 @@ def _steps_path(cuts, values, x, y, color, name, dash=""):
     )
 
 
-def _step_marks(run, x):
+def _step_marks(run: Run, x: Across) -> list[str]:
     """A dot per step at the moment it finished (or started); steps that ended within a
     dot's width of each other are set apart, on the next lane down or just to the right,
     so each one is seen and hovered on its own."""
@@ -184,7 +198,7 @@ def _step_marks(run, x):
     return marks
 
 
-def _outages(run, start, end, x):
+def _outages(run: Run, start: datetime, end: datetime, x: Across) -> list[str]:
     """A band for each outage of a backend the run's rows are on, while the run was drawn:
     from its mark-down to its mark-up (or to the picture's end while it lasts)."""
     pairs = set(Resource.objects.filter(run=run).order_by().values_list("module", "backend").distinct()[:50])
@@ -195,7 +209,8 @@ def _outages(run, start, end, x):
         .order_by("-at", "-id")
         .values_list("module", "backend", "kind", "at", "detail")[:MARKERS]
     )
-    down, bands = {}, []
+    down: dict[tuple[str, str], tuple[datetime, Any]] = {}
+    bands: list[tuple[str, str, datetime, datetime | None, Any, str | None]] = []
     for module, backend, kind, at, detail in reversed(list(events)):
         if (module, backend) not in pairs:
             continue
@@ -206,16 +221,17 @@ def _outages(run, start, end, x):
             bands.append((module, backend, since, at, why, kind))
     bands += [(m, b, since, None, why, None) for (m, b), (since, why) in down.items()]
     out = []
-    for module, backend, since, until, why, kind in bands:
+    for module, backend, since, until, why, ended_by in bands:
         if until is not None and until < start:
             continue
         left, right = x(since), x(until or end)
         name = backend_name(module, backend)
         reason = why.get("reason") or why.get("error") or "" if isinstance(why, dict) else ""
-        ended = f" to {_t(until)}" + (" (waiting given up)" if kind == ModuleEventKind.GAVE_UP else "")
-        text = (
-            f"{name} down from {_t(since)}" + (ended if until else ", still down") + (f": {reason}" if reason else "")
-        )
+        if until is None:
+            ended = ", still down"
+        else:
+            ended = f" to {_t(until)}" + (" (waiting given up)" if ended_by == ModuleEventKind.GAVE_UP else "")
+        text = f"{name} down from {_t(since)}" + ended + (f": {reason}" if reason else "")
         out.append(
             f'<rect class="outage" x="{left:.1f}" y="{STEPS_Y - 10}" width="{max(right - left, 2):.1f}" '
             f'height="{CLEANUP_Y + 8 - STEPS_Y + 10}" fill="{OUTAGE_FILL}" fill-opacity="0.3">'
@@ -225,9 +241,10 @@ def _outages(run, start, end, x):
     return out
 
 
-def _end_labels(ends, left):
+def _end_labels(ends: list[tuple[float, str, str]], left: float) -> list[str]:
     """Each curve's final count at the right edge, moved apart when two would overlap."""
-    out, last = [], None
+    out: list[str] = []
+    last: float | None = None
     for level, text, color in sorted(ends):
         at = level + 4 if last is None else max(level + 4, last + 12)
         last = at
@@ -235,7 +252,7 @@ def _end_labels(ends, left):
     return out
 
 
-def _log_marks(run, x, completion_drawn=False):
+def _log_marks(run: Run, x: Across, completion_drawn: bool = False) -> list[str]:
     """The log's marks, newest first; with ``completion_drawn``, the newest recovery is that bar."""
     marks = []
     entries = (
@@ -272,14 +289,14 @@ def _log_marks(run, x, completion_drawn=False):
     return marks
 
 
-def _bar(cx, color, text):
+def _bar(cx: float, color: str, text: str) -> str:
     return (
         f'<rect x="{cx - 2:.1f}" y="{CHART_TOP - 6}" width="4" height="{CLEANUP_Y + 8 - CHART_TOP}" '
         f'fill="{color}"><title>{escape(text)}</title></rect>'
     )
 
 
-def _legend():
+def _legend() -> str:
     items = [
         ("#205067", "taken"),
         ("#447e36", "given back / completed"),
@@ -290,7 +307,8 @@ def _legend():
         ("#e07000", "gave up"),
         ("#666", "run ended (dashed)"),
     ]
-    out, cx = [], LEFT
+    out: list[str] = []
+    cx: float = LEFT
     for color, text in items:
         out.append(f'<rect x="{cx}" y="{HEIGHT - 14}" width="10" height="10" fill="{color}"/>')
         out.append(_label(cx + 14, HEIGHT - 5, text))

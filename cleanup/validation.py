@@ -23,6 +23,8 @@ May import: conf only.
 
 import json
 import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from .conf import setting
 
@@ -40,17 +42,18 @@ MAX_ACTOR = 150
 class Invalid(ValueError):
     """Values that cannot be stored. ``errors`` maps each field to what is wrong with it."""
 
-    def __init__(self, errors):
+    def __init__(self, errors: Mapping[str, str]) -> None:
         self.errors = dict(errors)
         super().__init__("; ".join(f"{field}: {message}" for field, message in self.errors.items()))
 
 
-def limit(name):
+def limit(name: str) -> int:
     """A limit on what one run may hold (``EVENT_MAX_STEPS``, ``EVENT_MAX_PARAMS_BYTES``), read now."""
-    return setting(name)
+    value: int = setting(name)
+    return value
 
 
-def field_path(parent, key):
+def field_path(parent: str, key: str | int) -> str:
     """``parent.key`` for a plain key, ``parent[3]`` for an index, ``parent["a b"]`` otherwise."""
     if isinstance(key, int):
         return f"{parent}[{key}]"
@@ -67,7 +70,7 @@ BIDI = frozenset(chr(c) for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F)
 _ESCAPES = {"\n": "\\n", "\r": "\\r"}
 
 
-def clean_text_problem(value):
+def clean_text_problem(value: str) -> str | None:
     """What is wrong with a string a person wrote (a name, a reason, a param), or None.
 
     As `text_problem`, and no control character but tab and no bidirectional control.
@@ -83,7 +86,7 @@ def clean_text_problem(value):
     return None
 
 
-def check_actor(actor, field="actor"):
+def check_actor(actor: object, field: str = "actor") -> Any:
     """Refuse an actor (who did it, as recorded) that is not clean text; ``None`` passes."""
     if actor is None:
         return actor
@@ -95,7 +98,7 @@ def check_actor(actor, field="actor"):
     return actor
 
 
-def one_line(value):
+def one_line(value: object) -> str:
     """``value`` as text on one line: every control and bidirectional character written as an
     escape (``\\n``, ``\\u202e``), so that stored text can add no line or header to a mail or a
     message, and not read as something it is not."""
@@ -107,7 +110,7 @@ def one_line(value):
     )
 
 
-def text_problem(value):
+def text_problem(value: str) -> str | None:
     """What is wrong with a string as stored text, or None."""
     if "\x00" in value:
         return "may not contain a NUL character"
@@ -118,7 +121,9 @@ def text_problem(value):
     return None
 
 
-def json_problem(value, where="", max_depth=MAX_DEPTH, *, clean=False):
+def json_problem(
+    value: object, where: str = "", max_depth: int = MAX_DEPTH, *, clean: bool = False
+) -> tuple[str, str] | None:
     """The first ``(field, message)`` that keeps ``value`` from being stored as JSON, or None.
 
     Objects and arrays may nest ``max_depth`` levels; numbers are finite, whole numbers
@@ -126,7 +131,7 @@ def json_problem(value, where="", max_depth=MAX_DEPTH, *, clean=False):
     (what a person wrote: a step's params) clean text (`clean_text_problem`).
     """
     check = clean_text_problem if clean else text_problem
-    pending = [(value, where, 0)]
+    pending: list[tuple[object, str, int]] = [(value, where, 0)]
     while pending:
         item, path, depth = pending.pop()
         problem = check(item) if isinstance(item, str) else _scalar_problem(item)
@@ -135,7 +140,7 @@ def json_problem(value, where="", max_depth=MAX_DEPTH, *, clean=False):
         if isinstance(item, dict | list):
             if depth >= max_depth:
                 return path or "body", f"nests deeper than {max_depth} levels"
-            children = item.items() if isinstance(item, dict) else enumerate(item)
+            children: Any = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in children:
                 if isinstance(item, dict):
                     if not isinstance(key, str):
@@ -147,7 +152,7 @@ def json_problem(value, where="", max_depth=MAX_DEPTH, *, clean=False):
     return None
 
 
-def _scalar_problem(item):
+def _scalar_problem(item: object) -> str | None:
     if item is None or isinstance(item, bool | dict | list):
         return None
     if isinstance(item, str):
@@ -159,7 +164,7 @@ def _scalar_problem(item):
     return f"is not a JSON value ({type(item).__name__})"
 
 
-def check_json(value, field, max_depth=MAX_DEPTH):
+def check_json(value: Any, field: str, max_depth: int = MAX_DEPTH) -> Any:
     """Raise `Invalid` when ``value`` cannot be stored as JSON; see `json_problem`."""
     problem = json_problem(value, field, max_depth)
     if problem:
@@ -167,7 +172,7 @@ def check_json(value, field, max_depth=MAX_DEPTH):
     return value
 
 
-def check_text(value, field, max_length, *, required=True):
+def check_text(value: Any, field: str, max_length: int, *, required: bool = True) -> Any:
     """A string of at most ``max_length`` characters, stripped; ``Invalid`` names ``field``."""
     message = text_error(value, max_length, required=required)
     if message:
@@ -175,7 +180,7 @@ def check_text(value, field, max_length, *, required=True):
     return value.strip() if isinstance(value, str) else value
 
 
-def text_error(value, max_length, *, required=True):
+def text_error(value: object, max_length: int, *, required: bool = True) -> str | None:
     """What is wrong with ``value`` as a bounded text field a person wrote, or None (clean text)."""
     if value is None and not required:
         return None
@@ -191,7 +196,7 @@ def text_error(value, max_length, *, required=True):
     return None
 
 
-def json_type(value):
+def json_type(value: object) -> str:
     """The JSON name of a value's type, for messages."""
     if value is None:
         return "null"
@@ -208,7 +213,7 @@ def json_type(value):
     return type(value).__name__
 
 
-def params_error(params):
+def params_error(params: object) -> str | None:
     """What is wrong with a step's params as a whole (their size), or None.
 
     Call it after `json_problem` has passed them: only then is encoding them safe.
@@ -219,7 +224,7 @@ def params_error(params):
     return None
 
 
-def parse_json(text, field="", max_depth=MAX_DEPTH):
+def parse_json(text: str | bytes, field: str = "", max_depth: int = MAX_DEPTH) -> Any:
     """Parse JSON text from a request, a command line or a form, and `check_json` it.
 
     `Invalid` names ``field`` (or ``body``) when the text is not JSON, and the path of the
@@ -234,5 +239,5 @@ def parse_json(text, field="", max_depth=MAX_DEPTH):
     return check_json(value, field, max_depth)
 
 
-def _refuse_constant(name):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")

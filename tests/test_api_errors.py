@@ -215,3 +215,15 @@ def test_options_describes_the_input_of_post(api):
     post = response.json()["actions"]["POST"]
     assert set(post) == {"name", "steps"}
     assert post["name"]["max_length"] == 200
+
+
+def test_django_s_own_permission_denied_is_a_403_envelope_not_a_crash():
+    # A view (or a helper it calls) may raise Django's PermissionDenied, which has no
+    # ``detail``: it is answered as DRF's, in the envelope, with its message.
+    from django.core.exceptions import PermissionDenied
+
+    from cleanup.api.errors import exception_handler
+
+    response = exception_handler(PermissionDenied("only the run's starter may do that"), {})
+    assert response.status_code == 403
+    assert response.data == {"code": "permission_denied", "detail": "only the run's starter may do that"}

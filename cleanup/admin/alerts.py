@@ -4,6 +4,7 @@ May import models and `.lists`; nothing imports it but the package.
 """
 
 from django.contrib import admin
+from django.utils.safestring import SafeString
 
 from ..models import Alert
 from .lists import ReadOnlyAdmin, run_link, when
@@ -17,7 +18,7 @@ class AlertAdmin(ReadOnlyAdmin):
     list_filter = ["event", "channel"]
     list_select_related = ["run"]
     ordering = ["-id"]
-    fields = [
+    fields = (
         "run_name",
         "module",
         "event",
@@ -28,19 +29,22 @@ class AlertAdmin(ReadOnlyAdmin):
         "next_attempt_at",
         "last_error",
         "payload",
-    ]
+    )
     readonly_fields = fields
 
     @admin.display(description="created")
-    def created(self, obj):
-        return when(obj.created_at)
+    def created(self, obj: Alert) -> str:
+        shown: str = when(obj.created_at)
+        return shown
 
     @admin.display(description="sent")
-    def sent(self, obj):
-        return when(obj.sent_at) if obj.sent_at else "not yet"
+    def sent(self, obj: Alert) -> str:
+        shown: str = when(obj.sent_at) if obj.sent_at else "not yet"
+        return shown
 
     @admin.display(description="about")
-    def run_name(self, obj):
-        if obj.run_id is None:
+    def run_name(self, obj: Alert) -> str | SafeString:
+        if obj.run is None:
             return f"module {obj.module}"
-        return run_link(obj.run_id, obj.run.name)
+        link: SafeString = run_link(obj.run_id, obj.run.name)
+        return link

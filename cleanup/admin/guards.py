@@ -10,17 +10,21 @@ middleware, as ``cleanup.admin.guards.AdminInputGuard``.
 May import validation only; nothing imports it but the ``MIDDLEWARE`` setting.
 """
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import connection
-from django.http import HttpResponseRedirect
+from django.db.models import Field
+from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect, QueryDict
 
 from .. import validation
 
 SELECTED = "_selected_action"  # django.contrib.admin.helpers.ACTION_CHECKBOX_NAME
 
 
-def query_problem(query):
+def query_problem(query: QueryDict) -> str | None:
     """What is wrong with a page's query parameters (filters, search), or None."""
     for key, values in query.lists():
         for text in (key, *values):
@@ -29,9 +33,9 @@ def query_problem(query):
     return None
 
 
-def selection_problem(model_admin, values):
+def selection_problem(model_admin: Any, values: Sequence[str]) -> str | None:
     """What is wrong with the ids an action was posted with, or None."""
-    pk = model_admin.model._meta.pk
+    pk: Field[Any, Any] = model_admin.model._meta.pk
     low, high = connection.ops.integer_field_range(pk.get_internal_type()) if _is_integer(pk) else (None, None)
     for value in values:
         try:
@@ -48,18 +52,24 @@ def selection_problem(model_admin, values):
     return None
 
 
-def _is_integer(field):
+def _is_integer(field: "Field[Any, Any]") -> bool:
     return field.get_internal_type() in connection.ops.integer_field_ranges
 
 
 class AdminInputGuard:
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         return self.get_response(request)
 
-    def process_view(self, request, view_func, view_args, view_kwargs):
+    def process_view(
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., object],
+        view_args: tuple[object, ...],
+        view_kwargs: dict[str, object],
+    ) -> HttpResponseRedirect | None:
         model_admin = getattr(view_func, "model_admin", None)
         if model_admin is None:
             return None

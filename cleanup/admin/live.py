@@ -14,8 +14,13 @@ step it is at (and a wait's time left) and what it holds, in words.
 May import models, `.lists` and `.summaries`; the admin's pages and the template tags import it.
 """
 
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -28,21 +33,21 @@ LIVE_RUNS = 10
 OPEN = (StepStatus.PENDING, StepStatus.RUNNING)
 
 
-def index_fragment(request):
+def index_fragment(request: HttpRequest) -> TemplateResponse:
     """The index's live part: the counts that need a person and the live view."""
     if not request.user.is_active or not request.user.is_staff:
         raise PermissionDenied
     return TemplateResponse(request, "admin/cleanup/index_live.html", {})
 
 
-def live_now(request):
+def live_now(request: HttpRequest) -> dict[str, Any]:
     """The running runs, newest first, capped at `LIVE_RUNS`: their step now and what they hold."""
     if not request.user.has_perm("cleanup.view_run"):
         return {"shown": False}
     running = Run.objects.filter(status=RunStatus.RUNNING)
     runs = list(running.annotate(_step_total=Count("steps")).order_by("-id")[:LIVE_RUNS])
     steps = current_steps(runs)
-    held = holdings([r.pk for r in runs]) if request.user.has_perm("cleanup.view_resource") else {}
+    held: dict[int, str] = holdings([r.pk for r in runs]) if request.user.has_perm("cleanup.view_resource") else {}
     now = timezone.now()
     shown = []
     for run in runs:
@@ -65,10 +70,10 @@ def live_now(request):
     }
 
 
-def current_steps(runs):
+def current_steps(runs: Iterable[Run]) -> dict[int, Step]:
     """``{run_id: step}``: each run's first step not done (read by the unique (run, position)
     index, one query per shown run at most), with why it waits, if it does."""
-    found = {}
+    found: dict[int, Step] = {}
     for run in runs:
         step = Step.objects.filter(run=run, status__in=OPEN).order_by("position").first()
         if step is not None:
@@ -77,7 +82,7 @@ def current_steps(runs):
     return found
 
 
-def step_text(step, run, now):
+def step_text(step: Step, run: Run, now: datetime) -> str:
     """``step 2 of 3: core.wait, 42 s left`` or ``step 1 of 3: sandbox.spawn (running)``."""
     total = getattr(run, "_step_total", None)
     where = f"step {step.position + 1}" + (f" of {total}" if total else "")

@@ -14,43 +14,56 @@ May import: conf; nothing imports it but the admin package and the ``AXES_*`` se
 
 import logging
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
 from axes.backends import AxesStandaloneBackend
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from ..conf import setting
 
 logger = logging.getLogger("cleanup.lockout")
 
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:
+    _ModelAdmin = object
 
-def failure_limit(request=None, credentials=None):
+
+def failure_limit(request: HttpRequest | None = None, credentials: object = None) -> int:
     """``AXES_FAILURE_LIMIT``: failed logins after which a username is locked out."""
-    return setting("EVENT_LOGIN_FAILURE_LIMIT")
+    limit: int = setting("EVENT_LOGIN_FAILURE_LIMIT")
+    return limit
 
 
-def cooloff(request=None):
+def cooloff(request: HttpRequest | None = None) -> timedelta:
     """``AXES_COOLOFF_TIME``: how long a locked-out username stays locked out."""
     return timedelta(seconds=setting("EVENT_LOGIN_COOLOFF_S"))
 
 
-class LockoutBackend(AxesStandaloneBackend):
+class LockoutBackend(AxesStandaloneBackend):  # type: ignore[misc]  # django-axes has no types
     """django-axes' backend, first in ``AUTHENTICATION_BACKENDS``: refuses a locked-out
     username. A login with no request (a shell, the test client's ``login``) comes from no
     client address and is left to the next backend, as without axes; every login over HTTP
     (the admin's form, DRF) passes its request."""
 
-    def authenticate(self, request, username=None, password=None, **kwargs):
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> Any:
         if request is None:
             return None
         return super().authenticate(request, username=username, password=password, **kwargs)
 
 
-def lockout_response(request, original_response=None, credentials=None):
+def lockout_response(
+    request: HttpRequest, original_response: HttpResponse | None = None, credentials: object = None
+) -> HttpResponse:
     """``AXES_LOCKOUT_CALLABLE``: the page a locked-out username gets, 429 with ``Retry-After``."""
-    seconds = setting("EVENT_LOGIN_COOLOFF_S")
+    seconds: int = setting("EVENT_LOGIN_COOLOFF_S")
     context = {
         "failure_limit": failure_limit(),
         "cooloff_minutes": max(1, round(seconds / 60)),
@@ -62,47 +75,47 @@ def lockout_response(request, original_response=None, credentials=None):
     return response
 
 
-class SuperuserLifts:
+class SuperuserLifts(_ModelAdmin):
     """Nobody adds or edits these rows; only a superuser deletes one (lifts a lockout)."""
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.is_active and request.user.is_superuser
 
 
-class AttemptAdmin(SuperuserLifts, AccessAttemptAdmin):
+class AttemptAdmin(SuperuserLifts, AccessAttemptAdmin):  # type: ignore[misc]  # django-axes has no types
     list_display = ["attempt_time", "username", "ip_address", "path_info", "failures_since_start", "locked_out"]
     list_filter = ["attempt_time"]
     actions = ["lift"]
 
     @admin.display(description="locked out", boolean=True)
-    def locked_out(self, obj):
-        return obj.failures_since_start >= failure_limit()
+    def locked_out(self, obj: Any) -> bool:
+        return bool(obj.failures_since_start >= failure_limit())
 
     @admin.action(description="Lift the lockout", permissions=["delete"])
-    def lift(self, request, queryset):
+    def lift(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         names = sorted({attempt.username or "" for attempt in queryset})
         count, _ = queryset.delete()
         logger.warning("lockout lifted by %s for %s", request.user.get_username(), ", ".join(map(repr, names)))
         self.message_user(request, f"Lifted the lockout of {len(names)} username(s): {', '.join(names)}.")
 
-    def delete_model(self, request, obj):
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
         logger.warning("lockout lifted by %s for %r", request.user.get_username(), obj.username)
         super().delete_model(request, obj)
 
 
-class FailureLogAdmin(SuperuserLifts, AccessFailureLogAdmin):
-    def has_delete_permission(self, request, obj=None):
+class FailureLogAdmin(SuperuserLifts, AccessFailureLogAdmin):  # type: ignore[misc]  # django-axes has no types
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
-class LogAdmin(SuperuserLifts, AccessLogAdmin):
-    def has_delete_permission(self, request, obj=None):
+class LogAdmin(SuperuserLifts, AccessLogAdmin):  # type: ignore[misc]  # django-axes has no types
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 

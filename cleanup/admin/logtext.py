@@ -10,6 +10,8 @@ May import nothing of the engine (a pure function of an entry's kind and detail)
 admin's run pages import it.
 """
 
+from typing import Any
+
 from django.utils.text import capfirst
 
 LABELS = {
@@ -45,7 +47,7 @@ LIST_ITEMS = 8
 TEXT_CHARS = 300
 
 
-def text_of(value):
+def text_of(value: object) -> str:
     """A detail value as text: lists joined, mappings as "key: value", long text shortened."""
     if isinstance(value, list | tuple):
         shown = ", ".join(text_of(v) for v in value[:LIST_ITEMS])
@@ -60,7 +62,7 @@ def text_of(value):
     return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
 
 
-def _count(detail, key):
+def _count(detail: dict[str, Any], key: str) -> int | None:
     """How many: a list's length, or a number the entry gives."""
     value = detail.get(key)
     if isinstance(value, list):
@@ -68,14 +70,14 @@ def _count(detail, key):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _step(detail):
+def _step(detail: dict[str, Any]) -> str:
     position = detail.get("step", detail.get("position"))
     action = detail.get("action")
     where = f"step {position + 1}" if isinstance(position, int) and not isinstance(position, bool) else "a step"
     return f"{where} ({action})" if action else where
 
 
-def sentence(kind, detail):
+def sentence(kind: str, detail: object) -> str:
     """What happened, in one sentence."""
     detail = detail if isinstance(detail, dict) else {}
     by = detail.get("by") or detail.get("actor")
@@ -131,7 +133,7 @@ def sentence(kind, detail):
     return f"{kind}."
 
 
-def details(detail):
+def details(detail: object) -> list[tuple[str, str]]:
     """Every value of the detail, labelled: ``[("by", "alice"), ("resources", "creature:orc-1")]``."""
     if not isinstance(detail, dict):
         return [("detail", text_of(detail))] if detail not in (None, "", {}) else []

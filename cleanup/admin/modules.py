@@ -11,17 +11,22 @@ never by hand). Work waiting on a down backend shows why on the ledger and run p
 backend's name), registry, validation, models and `.lists`; nothing imports it but the package.
 """
 
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
-from django.http import HttpResponseRedirect
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.safestring import SafeString
 
 from .. import calls, outages, registry, validation
 from ..models import ModuleEvent, ModuleHealth, ModuleState
@@ -55,21 +60,21 @@ class MarkDownForm(forms.Form):
         "person marks it up; probes only say what they see.",
     )
 
-    def clean_until(self):
-        until = self.cleaned_data.get("until")
+    def clean_until(self) -> datetime | None:
+        until: datetime | None = self.cleaned_data.get("until")
         if until is not None and until <= timezone.now():
             raise forms.ValidationError("The hold must end in the future.")
         return until
 
-    def clean_reason(self):
-        reason = self.cleaned_data["reason"]
+    def clean_reason(self) -> str:
+        reason: str = self.cleaned_data["reason"]
         if message := validation.text_error(reason, validation.MAX_REASON):
             raise forms.ValidationError(f"The reason {message}.")
         return reason.strip()
 
 
 @admin.register(ModuleHealth)
-class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
+class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
     list_display = [
         "module",
         "state_shown",
@@ -87,7 +92,7 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
     actions = ["mark_down", "mark_up"]
     backend_after = "module"
     change_list_template = "admin/cleanup/modulehealth/change_list.html"
-    fields = [
+    fields = (
         "module",
         "state_shown",
         "since",
@@ -102,34 +107,35 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         "owed",
         "restarts_seen",
         "waiting",
-    ]
+    )
     readonly_fields = [*fields, "backend_shown"]
 
-    def get_fields(self, request, obj=None):
-        fields = list(self.fields)
+    def get_fields(self, request: HttpRequest, obj: ModuleHealth | None = None) -> tuple[str, ...]:
+        fields = [str(name) for name in self.fields or ()]
         if self.shows_backend(request, obj):
             fields.insert(fields.index("module") + 1, "backend_shown")
-        return fields
+        return tuple(fields)
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.mark_backend_down)
-        view.model_admin = self  # the input guard checks its query as any page's of this admin
-        return [path("mark-down/", view, name="cleanup_modulehealth_mark_down"), *super().get_urls()]
+        view.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
+        urls: list[URLPattern] = super().get_urls()  # type: ignore[no-untyped-call]  # lists' permission gate
+        return [path("mark-down/", view, name="cleanup_modulehealth_mark_down"), *urls]
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # Every registered module is listed, so that one never seen failing can be marked down too.
         ModuleHealth.objects.bulk_create([ModuleHealth(module=m) for m in registry.modules()], ignore_conflicts=True)
         extra = {"unseen": self.unseen_backends(request), "can_mark": self.has_cleanup_run_permission(request)}
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
-    def unseen_backends(self, request):
+    def unseen_backends(self, request: HttpRequest) -> list[ModuleHealth]:
         """The backends of the known modules that hold unresolved rows but have no health row
         yet (never seen failing: up), as the list's filters and search would narrow them."""
         if request.GET.get("state__exact") == ModuleState.DOWN:
             return []
         wanted = request.GET.get("backend")
         search = request.GET.get("q", "").strip().lower()
-        unseen = []
+        unseen: list[ModuleHealth] = []
         for healths in outages.backends_of(outages.known_modules()).values():
             for health in healths:
                 if health.pk is not None or not health.backend:
@@ -143,7 +149,7 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         return sorted(unseen, key=lambda h: (h.module, h.backend))
 
     @admin.display(description="state", ordering="state")
-    def state_shown(self, obj):
+    def state_shown(self, obj: ModuleHealth) -> SafeString:
         log = format_html(' <a href="{}" class="health-log">its log</a>', module_log_link(obj))
         if obj.state != ModuleState.DOWN:
             return format_html('<span class="health-up">up</span>{}', log)
@@ -157,11 +163,11 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         return format_html("{}<br><small>held by {}{}{}</small>", down, obj.changed_by, until, probe)
 
     @admin.display(description="down since", ordering="down_since")
-    def since(self, obj):
-        return when(obj.down_since) if obj.state == ModuleState.DOWN else "-"
+    def since(self, obj: ModuleHealth) -> str:
+        return str(when(obj.down_since)) if obj.state == ModuleState.DOWN else "-"
 
     @admin.display(description="last error")
-    def error(self, obj):
+    def error(self, obj: ModuleHealth) -> str:
         """The last error with its time; once the backend answers again, marked as old."""
         if not obj.last_error:
             return "-"
@@ -179,13 +185,13 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         return format_html('<span title="{}">{}</span> <small>(at {})</small>', obj.last_error, short, at)
 
     @admin.display(description="boot id")
-    def boot(self, obj):
+    def boot(self, obj: ModuleHealth) -> str:
         if not obj.boot_id:
             return "-"
         return format_html('<span title="{}">{}</span>', obj.boot_id, truncatechars(obj.boot_id, BOOT_CHARS))
 
     @admin.display(description="reconcile owed", ordering="reconcile_owed_since")
-    def owed(self, obj):
+    def owed(self, obj: ModuleHealth) -> str:
         """A restart noticed and not yet reconciled (rule 14): since when, and whether a worker has it now."""
         if obj.reconcile_owed_since is None:
             return "-"
@@ -200,27 +206,27 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         )
 
     @admin.display(description="next probe")
-    def next_probe(self, obj):
-        return when(obj.next_probe_at) if obj.state == ModuleState.DOWN else "-"
+    def next_probe(self, obj: ModuleHealth) -> str:
+        return str(when(obj.next_probe_at)) if obj.state == ModuleState.DOWN else "-"
 
     @admin.display(description="work given up at")
-    def gave_up(self, obj):
-        return when(obj.gave_up_at)
+    def gave_up(self, obj: ModuleHealth) -> str:
+        return str(when(obj.gave_up_at))
 
     @admin.display(description="updated")
-    def updated(self, obj):
-        return when(obj.updated_at)
+    def updated(self, obj: ModuleHealth) -> str:
+        return str(when(obj.updated_at))
 
     @admin.display(description="health last asked")
-    def watched(self, obj):
-        return when(obj.watched_at)
+    def watched(self, obj: ModuleHealth) -> str:
+        return str(when(obj.watched_at))
 
     @admin.display(description="its work shows")
-    def waiting(self, obj):
-        return obj.waiting_text() if obj.state == ModuleState.DOWN else "-"
+    def waiting(self, obj: ModuleHealth) -> str:
+        return str(obj.waiting_text()) if obj.state == ModuleState.DOWN else "-"
 
     @admin.action(permissions=["cleanup_run"], description="Mark down… (its work waits, spending no attempts)")
-    def mark_down(self, request, queryset):
+    def mark_down(self, request: HttpRequest, queryset: QuerySet[ModuleHealth]) -> HttpResponse | None:
         """Asks for the reason first (an intermediate page), then marks each selected backend down."""
         healths = list(queryset.order_by("module", "backend"))
         form = MarkDownForm(request.POST if "apply" in request.POST else None)
@@ -237,14 +243,14 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         return None
 
     @admin.action(permissions=["cleanup_run"], description="Mark up (its waiting work resumes)")
-    def mark_up(self, request, queryset):
+    def mark_up(self, request: HttpRequest, queryset: QuerySet[ModuleHealth]) -> None:
         healths = list(queryset.order_by("module", "backend"))
         changed = [h for h in healths if outages.mark_up(h.module, backend=h.backend, by=actor(request))]
         self.record(request, changed, "Marked up")
         self._report(request, changed, healths, "up")
         return None
 
-    def mark_backend_down(self, request):
+    def mark_backend_down(self, request: HttpRequest) -> HttpResponse:
         """Mark one backend down by its module and name, whether or not it has a health row yet.
 
         ``?module=sandbox&backend=north`` (``backend`` empty for a module's only backend):
@@ -281,7 +287,9 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         self._report(request, [health] if changed else [], [health], "down")
         return HttpResponseRedirect(back)
 
-    def ask_reason(self, request, healths, form, one=False):
+    def ask_reason(
+        self, request: HttpRequest, healths: Sequence[ModuleHealth], form: MarkDownForm, one: bool = False
+    ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -293,13 +301,15 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
         }
         return TemplateResponse(request, "admin/cleanup/modulehealth/mark_down.html", context)
 
-    def record(self, request, healths, message):
+    def record(self, request: HttpRequest, healths: Sequence[ModuleHealth], message: str) -> None:
         """The admin's recent actions: each backend changed, named as it now stands ("sandbox/north: down")."""
         for health in healths:
             health.refresh_from_db()
             self.log_change(request, health, message)
 
-    def _report(self, request, changed, healths, state):
+    def _report(
+        self, request: HttpRequest, changed: Sequence[ModuleHealth], healths: Sequence[ModuleHealth], state: str
+    ) -> None:
         if changed:
             names = ", ".join(h.name for h in changed)
             self.message_user(request, f"Marked {state}: {names}.", messages.SUCCESS)
@@ -309,7 +319,7 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):
             self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.", messages.WARNING)
 
 
-def module_log_link(health):
+def module_log_link(health: ModuleHealth) -> str:
     """The modules' log, filtered to this backend."""
     query = {"module": health.module}
     if health.backend or site_backends():
@@ -317,49 +327,50 @@ def module_log_link(health):
     return reverse("admin:cleanup_moduleevent_changelist") + "?" + urlencode(query)
 
 
-def mark_down_link(module, backend):
+def mark_down_link(module: str, backend: str) -> str:
     return reverse("admin:cleanup_modulehealth_mark_down") + "?" + urlencode({"module": module, "backend": backend})
 
 
 @admin.register(ModuleEvent)
-class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):
+class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
     """The modules' log: each time a backend went down, came back, or its waiting work was given up."""
 
     list_display = ["logged", "module", "kind", "by", "error", "alerted"]
     list_filter = ["kind", "module", BackendFilter]
     ordering = ["-at", "-id"]
     backend_after = "module"
-    fields = ["module", "kind", "logged", "by", "error", "alerted", "detail"]
+    fields = ("module", "kind", "logged", "by", "error", "alerted", "detail")
     readonly_fields = [*fields, "backend_shown"]
 
-    def get_fields(self, request, obj=None):
-        fields = list(self.fields)
+    def get_fields(self, request: HttpRequest, obj: ModuleEvent | None = None) -> tuple[str, ...]:
+        fields = [str(name) for name in self.fields or ()]
         if self.shows_backend(request, obj):
             fields.insert(fields.index("module") + 1, "backend_shown")
-        return fields
+        return tuple(fields)
 
     @admin.display(description="at", ordering="at")
-    def logged(self, obj):
-        return when(obj.at)
+    def logged(self, obj: ModuleEvent) -> str:
+        return str(when(obj.at))
 
     @admin.display(description="by")
-    def by(self, obj):
-        return (obj.detail or {}).get("by") or "-"
+    def by(self, obj: ModuleEvent) -> str:
+        return str((obj.detail or {}).get("by") or "-")
 
     @admin.display(description="error")
-    def error(self, obj):
+    def error(self, obj: ModuleEvent) -> str:
         detail = obj.detail or {}
         text = detail.get("error") or detail.get("last_error") or ""
         return truncatechars(text, ERROR_CHARS) if text else "-"
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(outbox=Count("alerts"))
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ModuleEvent]:
+        events: QuerySet[ModuleEvent] = super().get_queryset(request)
+        return events.annotate(outbox=Count("alerts"))
 
     @admin.display(description="staff told")
-    def alerted(self, obj):
+    def alerted(self, obj: ModuleEvent) -> str:
         """Told only once a mail or webhook about it was accepted (`cleanup.alerts`)."""
         if obj.told_at:
-            return when(obj.told_at)
+            return str(when(obj.told_at))
         if obj.alerted_at and not getattr(obj, "outbox", obj.alerts.count()):
             return "not told: no alert destination was set"
         return "not yet sent" if obj.alerted_at else "-"

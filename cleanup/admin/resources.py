@@ -4,17 +4,22 @@ May import the engine (manual), models, conf, `validation` and `.lists`; nothing
 package, which Django's admin autodiscovery imports.
 """
 
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
-from django.http import HttpResponseBadRequest
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_safe
 
 from .. import validation
@@ -40,6 +45,9 @@ from .lists import (
 )
 from .summaries import row_what
 
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec, _ListDisplayT
+
 ERROR_CHARS = 70
 WHAT_CHARS = 40
 # A ref is an id: its start tells rows apart, the whole is on hover and on the row's page.
@@ -54,15 +62,15 @@ class WaiveForm(forms.Form):
         max_length=500, widget=forms.Textarea(attrs={"rows": 3}), help_text="Why these rows need not be given back."
     )
 
-    def clean_reason(self):
-        reason = self.cleaned_data["reason"]
+    def clean_reason(self) -> str:
+        reason: str = self.cleaned_data["reason"]
         if message := validation.text_error(reason, validation.MAX_REASON):
             raise forms.ValidationError(f"The reason {message}.")
         return reason
 
 
 @admin.register(Resource)
-class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
+class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
     list_display = ["ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name", "updated_short"]
     list_display_links = ["ref_short"]
     list_filter = [NeedsFilter, "state", ModuleFilter, BackendFilter, KindFilter, "run__cleanup_status"]
@@ -123,29 +131,33 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         "resurrected_from",
     ]
 
-    def get_fieldsets(self, request, obj=None):
-        fieldsets = self.fieldsets
+    def get_fieldsets(self, request: HttpRequest, obj: Resource | None = None) -> "_FieldsetSpec":
+        fieldsets: list[tuple[Any, Any]] = list(self.fieldsets or [])
         if obj is not None and obj.state != ResourceState.WAIVED:
             fieldsets = [f for f in fieldsets if f[0] != "Waiver"]
         if self.shows_backend(request, obj):
-            main = fieldsets[0][1]["fields"]
+            main = list(fieldsets[0][1]["fields"])
             at = main.index("module") + 1
             fieldsets = [(None, {"fields": [*main[:at], "backend_shown", *main[at:]]}), *fieldsets[1:]]
         return fieldsets
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """A row's page offers what a person does about it: the waiver, and the retry of its run."""
         row = self.get_object(request, object_id)
-        extra = {}
+        extra: dict[str, Any] = {}
         if row is not None and row.state in UNRESOLVED and self.has_cleanup_run_permission(request):
             extra = {"can_waive": True, "can_retry_run": row.run.is_terminal}
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
-    def get_list_display(self, request):
+    def get_list_display(self, request: HttpRequest) -> "_ListDisplayT[Resource]":
         # The module column names the backend too ("sandbox/north"): no column of its own here.
         return list(self.list_display)
 
-    def get_search_results(self, request, queryset, search_term):
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Resource], search_term: str
+    ) -> tuple[QuerySet[Resource], bool]:
         """A search over a window: the unresolved rows and the newest `SEARCH_WINDOW` rows."""
         if not search_term.strip():
             return super().get_search_results(request, queryset, search_term)
@@ -153,18 +165,19 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         window = queryset.filter(Q(state__in=UNRESOLVED) | Q(id__gt=newest - SEARCH_WINDOW))
         return super().get_search_results(request, window, search_term)
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         query = request.GET.urlencode()
         live_src = reverse("admin:cleanup_resource_live") + (f"?{query}" if query else "")
         return super().changelist_view(request, {"live_src": live_src, **(extra_context or {})})
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         # Read, never written to; read by the page itself, so not a person's activity.
         view = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_rows)))
-        view.model_admin = self  # the input guard checks its query as any page's of this admin
-        return [path("live/", view, name="cleanup_resource_live"), *super().get_urls()]
+        view.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
+        urls: list[URLPattern] = super().get_urls()  # type: ignore[no-untyped-call]  # lists' permission gate
+        return [path("live/", view, name="cleanup_resource_live"), *urls]
 
-    def live_rows(self, request):
+    def live_rows(self, request: HttpRequest) -> HttpResponse:
         """The list's rows again, with the same filters and page (`cleanup.admin.live`)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -177,93 +190,95 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
         return TemplateResponse(request, "admin/cleanup/resource/live.html", context)
 
     @admin.display(description="ref", ordering="ref")
-    def ref_short(self, obj):
+    def ref_short(self, obj: Resource) -> SafeString:
         return format_html('<span title="{}">{}</span>', obj.ref, truncatechars(obj.ref, REF_CHARS))
 
     @admin.display(description="what", ordering="kind")
-    def what(self, obj):
+    def what(self, obj: Resource) -> str:
         words = row_what(obj.kind, obj.ref, obj.payload)
         if words == obj.kind:
             return obj.kind
         return format_html('{}: <span title="{}">{}</span>', obj.kind, words, truncatechars(words, WHAT_CHARS))
 
     @admin.display(description="state", ordering="state")
-    def state_shown(self, obj):
+    def state_shown(self, obj: Resource) -> SafeString:
         css, word, line = state_shown(obj)
         if not line:
             return format_html('<span class="{}">{}</span>', css, word)
         return format_html('<span class="{}">{}</span><span class="state-line">{}</span>', css, word, line)
 
     @admin.display(description="attempts")
-    def attempt(self, obj):
-        return attempt_text(obj, max_revert_attempts(), timezone.now())
+    def attempt(self, obj: Resource) -> str:
+        return str(attempt_text(obj, max_revert_attempts(), timezone.now()))
 
     @admin.display(description="module", ordering="module")
-    def module_shown(self, obj):
-        return backend_name(obj.module, obj.backend)
+    def module_shown(self, obj: Resource) -> str:
+        return str(backend_name(obj.module, obj.backend))
 
     @admin.display(description="updated", ordering="updated_at")
-    def updated_short(self, obj):
+    def updated_short(self, obj: Resource) -> SafeString:
         return format_html('<span title="{}">{}</span>', when(obj.updated_at), short_when(obj.updated_at))
 
-    def get_changelist_instance(self, request):
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         changelist = super().get_changelist_instance(request)
         mark_waiting(changelist.result_list, max_revert_attempts())
         return changelist
 
-    def get_object(self, request, object_id, from_field=None):
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Resource | None:
         row = super().get_object(request, object_id, from_field)
         if row is not None:
             mark_waiting([row], max_revert_attempts())
         return row
 
     @admin.display(description="last error")
-    def error(self, obj):
+    def error(self, obj: Resource) -> str:
         if not obj.last_error:
             return "-"
         return format_html('<span title="{}">{}</span>', obj.last_error, truncatechars(obj.last_error, ERROR_CHARS))
 
     @admin.display(description="last error")
-    def last_error_whole(self, obj):
+    def last_error_whole(self, obj: Resource) -> str:
         if not obj.last_error:
             return "-"
         return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>', obj.last_error)
 
     @admin.display(description="run", ordering="run_id")
-    def run_name(self, obj):
-        return run_link(obj.run_id, obj.run.name)
+    def run_name(self, obj: Resource) -> SafeString:
+        link: SafeString = run_link(obj.run_id, obj.run.name)
+        return link
 
     @admin.display(description="next attempt")
-    def next_try(self, obj):
-        if getattr(obj, "waiting", None):
-            return obj.waiting
-        at = next_attempt(obj, max_revert_attempts())
+    def next_try(self, obj: Resource) -> str:
+        waiting: str | None = getattr(obj, "waiting", None)
+        if waiting:
+            return waiting
+        at: datetime | None = next_attempt(obj, max_revert_attempts())
         if at is None:
-            return "none: " + attempt_text(obj, max_revert_attempts(), timezone.now())
-        return when(at) if at > timezone.now() else "at the next pass"
+            return "none: " + str(attempt_text(obj, max_revert_attempts(), timezone.now()))
+        return str(when(at)) if at > timezone.now() else "at the next pass"
 
     @admin.display(description="waived at")
-    def waived_when(self, obj):
-        return when(obj.waived_at)
+    def waived_when(self, obj: Resource) -> str:
+        return str(when(obj.waived_at))
 
     @admin.display(description="created")
-    def created(self, obj):
-        return when(obj.created_at)
+    def created(self, obj: Resource) -> str:
+        return str(when(obj.created_at))
 
     @admin.display(description="updated")
-    def updated(self, obj):
-        return when(obj.updated_at)
+    def updated(self, obj: Resource) -> str:
+        return str(when(obj.updated_at))
 
     @admin.display(description="resolved")
-    def resolved(self, obj):
-        return when(obj.resolved_at)
+    def resolved(self, obj: Resource) -> str:
+        return str(when(obj.resolved_at))
 
     @admin.display(description="every attempt")
-    def attempt_history(self, obj):
+    def attempt_history(self, obj: Resource) -> str:
         return history_table(obj)
 
     @admin.action(permissions=["cleanup_run"], description="Waive: resolve by hand, nothing is given back")
-    def waive_rows(self, request, queryset):
+    def waive_rows(self, request: HttpRequest, queryset: QuerySet[Resource]) -> TemplateResponse | None:
         """Asks for the reason first (an intermediate page), then waives."""
         form = WaiveForm(request.POST if "apply" in request.POST else None)
         rows = list(queryset.select_related("run")[:1000])
@@ -286,7 +301,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):
 HISTORY_CAP = 200
 
 
-def history_table(row):
+def history_table(row: Resource) -> str:
     """Every attempt on the row, newest first, read by row (an index on the attempt table)."""
     attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
     if not attempts:

@@ -6,16 +6,20 @@ runner, plan, sweep, timeline), models, conf, `.lists` and `.starting` (the star
 and end pages); nothing imports it but the package, which Django's admin autodiscovery imports.
 """
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_safe
 
 from .. import timeline
@@ -56,7 +60,7 @@ ERROR_CHARS = 70
 
 
 @admin.register(Run)
-class RunAdmin(RunStartAdmin, PersonActionsAdmin):
+class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
     list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "cleanup_status"]
@@ -67,7 +71,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
     change_form_template = "admin/cleanup/run/change_form.html"
     ordering = ["-id"]
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
         # Counted per listed run through the partial index of unresolved rows.
         unresolved = (
             Resource.objects.filter(run=OuterRef("pk"), state__in=UNRESOLVED)
@@ -83,20 +87,21 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
         )
 
     @admin.display(description="unresolved rows")
-    def unresolved(self, obj):
-        if not obj._unresolved:
+    def unresolved(self, obj: Run) -> int | SafeString:
+        count: int = getattr(obj, "_unresolved", 0)  # annotated by `get_queryset`
+        if not count:
             return 0
         link = filtered("resource", run__id__exact=obj.pk, needs="unresolved")
         if not obj.is_terminal:
             # What a running run holds is its own, not a failure: it is given back when it ends.
-            return format_html('<a href="{}" class="state-held">holds {}</a>', link, obj._unresolved)
-        return format_html('<a href="{}" class="count-alert">{}</a>', link, obj._unresolved)
+            return format_html('<a href="{}" class="state-held">holds {}</a>', link, count)
+        return format_html('<a href="{}" class="count-alert">{}</a>', link, count)
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         # A fragment is read, never written to: GET and HEAD alone.
         # Read by the page itself: not a person's activity for the idle session's clock.
         run = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_view)))
-        run.model_admin = self  # the input guard checks its query as any page's of this admin
+        run.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
         index = refreshes_itself(self.admin_site.admin_view(require_safe(live.index_fragment)))
         return [
             path("<int:object_id>/live/", run, name="cleanup_run_live"),
@@ -104,7 +109,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             *super().get_urls(),
         ]
 
-    def live_view(self, request, object_id):
+    def live_view(self, request: HttpRequest, object_id: int) -> TemplateResponse:
         """The live parts of a run's page (`cleanup.admin.live`): permission first, then the run."""
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -115,29 +120,31 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
         return TemplateResponse(request, "admin/cleanup/run/live.html", context)
 
     @admin.display(description="created", ordering="created_at")
-    def created(self, obj):
-        return when(obj.created_at)
+    def created(self, obj: Run) -> str:
+        return str(when(obj.created_at))
 
     @admin.display(description="ended", ordering="ended_at")
-    def ended(self, obj):
-        return when(obj.ended_at)
+    def ended(self, obj: Run) -> str:
+        return str(when(obj.ended_at))
 
     @admin.display(description="next look")
-    def wakes(self, obj):
+    def wakes(self, obj: Run) -> str:
         # An ended run is never woken again: its wake time would only mislead.
-        return "-" if obj.is_terminal else when(obj.wake_at)
+        return "-" if obj.is_terminal else str(when(obj.wake_at))
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         # Checked before anything is read (the gate of `PermissionFirstMixin` checks it too).
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         run = self.get_object(request, object_id)
-        extra = {}
+        extra: dict[str, Any] = {}
         if run is not None:
             extra = self.run_page(request, run)
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
-    def run_page(self, request, run, live_read=None):
+    def run_page(self, request: HttpRequest, run: Run, live_read: bool | None = None) -> dict[str, Any]:
         """Steps, rows (unresolved first), log (newest first) and plan, each capped.
 
         As the API shows them: the rows, their counts, the plan and its live values only
@@ -150,7 +157,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             live_read = request.GET.get("live") == "1"
         see_rows = request.user.has_perm("cleanup.view_resource")
         see_log = request.user.has_perm("cleanup.view_runlog")
-        context = {
+        context: dict[str, Any] = {
             "run": run,
             "see_rows": see_rows,
             "see_log": see_log,
@@ -193,7 +200,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
         context["timeline"] = timeline.svg(run) if see_rows and see_log else None
         return context
 
-    def ledger_part(self, request, run, steps, live_read):
+    def ledger_part(self, request: HttpRequest, run: Run, steps: Sequence[Step], live_read: bool) -> dict[str, Any]:
         """The run's rows, their counts and its cleanup plan (with live values on ``?live=1``)."""
         max_attempts = max_revert_attempts()
         now = timezone.now()
@@ -209,13 +216,15 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             )
         mark_waiting(rows, max_attempts)
         for row in rows:
+            # What the page's template shows of each row, worked out here.
             row.attempt_text = attempt_text(row, max_attempts, now)
             row.state_class, row.state_word, row.state_line = state_shown(row)
             row.what = row_what(row.kind, row.ref, row.payload)
         by_state_and_backend = (
             Resource.objects.filter(run=run).order_by().values_list("state", "backend").annotate(n=Count("id"))
         )
-        counts, backends = {}, {}
+        counts: dict[str, int] = {}
+        backends: dict[str, int] = {}
         for state, backend, n in by_state_and_backend:
             counts[state] = counts.get(state, 0) + n
             backends[backend] = backends.get(backend, 0) + n
@@ -247,15 +256,15 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             "max_attempts": max_attempts,
         }
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Run | None = None) -> bool:
         # Deleting a run would delete its ledger, the record of what it took and gave back.
         return False
 
-    def has_cancel_permission(self, request):
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("cleanup.change_run")
 
     @admin.action(permissions=["cleanup_run"], description="Clean up now (a person's retry: resets attempts)")
-    def clean_up(self, request, queryset):
+    def clean_up(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
         """Confirmed on a page that shows what will be reset and what the pass will do."""
         runs = list(queryset.order_by("id"))
         if "apply" not in request.POST:
@@ -281,7 +290,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
         return None
 
-    def cleanup_preview(self, runs):
+    def cleanup_preview(self, runs: Sequence[Run]) -> list[dict[str, Any]]:
         preview = []
         for run in runs[:PAGE_ROWS]:
             try:
@@ -289,7 +298,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
                 refusal = None
             except CleanupRefused as exc:
                 refusal = str(exc)
-            entry = {"run": run, "refusal": refusal}
+            entry: dict[str, Any] = {"run": run, "refusal": refusal}
             if refusal is None:
                 counts = dict(
                     Resource.objects.filter(run=run, state__in=UNRESOLVED)
@@ -303,14 +312,14 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
         return preview
 
     @admin.action(permissions=["cancel"], description="Cancel, and give back what they took")
-    def cancel_with_cleanup(self, request, queryset):
+    def cancel_with_cleanup(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
         return self.cancel(request, queryset, True)
 
     @admin.action(permissions=["cancel"], description="Cancel, and leave what they took for later")
-    def cancel_without_cleanup(self, request, queryset):
+    def cancel_without_cleanup(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
         return self.cancel(request, queryset, False)
 
-    def cancel(self, request, queryset, cleanup):
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Run], cleanup: bool) -> HttpResponse | None:
         runs = list(queryset.order_by("id"))
         action = "cancel_with_cleanup" if cleanup else "cancel_without_cleanup"
         title = "Cancel and give back" if cleanup else "Cancel and leave for later"
@@ -341,7 +350,15 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
             return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[runs[0].pk]))
         return None
 
-    def confirm(self, request, runs, action, title, preview, **extra):
+    def confirm(
+        self,
+        request: HttpRequest,
+        runs: Sequence[Run],
+        action: str,
+        title: str,
+        preview: Sequence[dict[str, Any]],
+        **extra: object,
+    ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -356,26 +373,26 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):
         return TemplateResponse(request, "admin/cleanup/run/confirm_action.html", context)
 
 
-def in_words(entries):
+def in_words(entries: Iterable[RunLog]) -> list[RunLog]:
     """Log entries with their sentence and their labelled details (`.logtext`)."""
-    entries = list(entries)
-    for entry in entries:
-        entry.sentence = sentence(entry.kind, entry.detail)
-        entry.pairs = details(entry.detail)
-    return entries
+    listed = list(entries)
+    for entry in listed:
+        entry.sentence = sentence(entry.kind, entry.detail)  # type: ignore[attr-defined]  # for the template
+        entry.pairs = details(entry.detail)  # type: ignore[attr-defined]  # for the template
+    return listed
 
 
 # -- steps and the log ----------------------------------------------------------------------
 
 
 @admin.register(Step)
-class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):
+class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
     list_display = ["position", "action_id", "status", "attempts", "error", "run_name", "finished"]
     list_filter = ["status", BackendFilter]
     backend_after = "action_id"
     list_select_related = ["run"]
     ordering = ["run_id", "position"]
-    fields = [
+    fields = (
         "run_name",
         "position",
         "action_id",
@@ -386,30 +403,31 @@ class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):
         "started",
         "finished",
         "idempotency_key",
-    ]
+    )
     readonly_fields = [*fields, "backend_shown"]
 
-    def get_fields(self, request, obj=None):
-        fields = list(self.fields)
+    def get_fields(self, request: HttpRequest, obj: Step | None = None) -> tuple[str, ...]:
+        fields = [str(name) for name in self.fields or ()]
         if self.shows_backend(request, obj):
             fields.insert(fields.index("action_id") + 1, "backend_shown")
-        return fields
+        return tuple(fields)
 
     @admin.display(description="last error")
-    def error(self, obj):
+    def error(self, obj: Step) -> str:
         return truncatechars(obj.last_error, ERROR_CHARS) if obj.last_error else "-"
 
     @admin.display(description="run")
-    def run_name(self, obj):
-        return run_link(obj.run_id, obj.run.name)
+    def run_name(self, obj: Step) -> SafeString:
+        link: SafeString = run_link(obj.run_id, obj.run.name)
+        return link
 
     @admin.display(description="started")
-    def started(self, obj):
-        return when(obj.started_at)
+    def started(self, obj: Step) -> str:
+        return str(when(obj.started_at))
 
     @admin.display(description="finished")
-    def finished(self, obj):
-        return when(obj.finished_at)
+    def finished(self, obj: Step) -> str:
+        return str(when(obj.finished_at))
 
 
 @admin.register(RunLog)
@@ -418,23 +436,24 @@ class RunLogAdmin(ReadOnlyAdmin):
     list_filter = [LogKindFilter]
     list_select_related = ["run"]
     ordering = ["-id"]
-    fields = ["run_name", "kind", "detail_short", "detail_pairs", "logged"]
+    fields = ("run_name", "kind", "detail_short", "detail_pairs", "logged")
     readonly_fields = fields
 
     @admin.display(description="at", ordering="at")
-    def logged(self, obj):
-        return when(obj.at)
+    def logged(self, obj: RunLog) -> str:
+        return str(when(obj.at))
 
     @admin.display(description="run")
-    def run_name(self, obj):
-        return run_link(obj.run_id, obj.run.name)
+    def run_name(self, obj: RunLog) -> SafeString:
+        link: SafeString = run_link(obj.run_id, obj.run.name)
+        return link
 
     @admin.display(description="what happened")
-    def detail_short(self, obj):
+    def detail_short(self, obj: RunLog) -> str:
         return truncatechars(sentence(obj.kind, obj.detail), 160)
 
     @admin.display(description="details")
-    def detail_pairs(self, obj):
+    def detail_pairs(self, obj: RunLog) -> str:
         pairs = details(obj.detail)
         if not pairs:
             return "-"

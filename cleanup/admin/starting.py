@@ -14,12 +14,14 @@ models, conf and `.lists`; only `.runs` imports it.
 import inspect
 import json
 import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
@@ -35,12 +37,20 @@ MORE_LINES = 5
 SHOWN_ROWS = 50  # rows listed on the end's confirmation; the rest are counted
 _CODE = re.compile(r"``(.+?)``", re.S)
 
+# A step line of the form: its action and its params as the JSON text typed.
+Line = dict[str, str]
 
-def installed():
+if TYPE_CHECKING:
+    _RunAdmin = admin.ModelAdmin[Run]
+else:
+    _RunAdmin = object
+
+
+def installed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The actions a step may name and the leases ``core.lease`` may apply, each with the
     first paragraph of its own description (which lists its params), sorted by id."""
 
-    def entry(item, kind):
+    def entry(item: registry.Action | registry.Lease, kind: str) -> dict[str, Any]:
         doc = inspect.getdoc(type(item)) or ""
         first = doc.split("\n\n")[0].replace("\n", " ").strip()
         # "``sandbox.spawn``: ``{…}``": the id is in its own column already.
@@ -60,18 +70,18 @@ class StepLines:
     about it, so each is shown beside its own line.
     """
 
-    def __init__(self, lines):
+    def __init__(self, lines: list[Line]) -> None:
         self.lines = lines
-        self.errors = {}
-        self.general = {}
-        self.spec = []
-        self._line_of = {}
+        self.errors: dict[int, dict[str, str]] = {}
+        self.general: dict[str, str] = {}
+        self.spec: list[dict[str, Any]] = []
+        self._line_of: dict[int, int] = {}
         for index, line in enumerate(lines):
             if not line["action"] and not line["params"].strip():
                 continue
             position = len(self.spec)
             self._line_of[position] = index
-            params = {}
+            params: Any = {}
             if line["params"].strip():
                 try:
                     params = validation.parse_json(line["params"], f"steps[{position}].params")
@@ -81,8 +91,8 @@ class StepLines:
             self.spec.append({"action": line["action"], "params": params})
 
     @classmethod
-    def from_post(cls, data):
-        count = _int(data.get("lines"), BLANK_LINES)
+    def from_post(cls, data: QueryDict) -> "StepLines":
+        count = _int(data.get("lines"), BLANK_LINES) or 0
         count = max(1, min(count, validation.limit("EVENT_MAX_STEPS") + MORE_LINES))
         return cls(
             [
@@ -92,38 +102,40 @@ class StepLines:
         )
 
     @classmethod
-    def from_steps(cls, steps):
+    def from_steps(cls, steps: Iterable[Step]) -> "StepLines":
         return cls([{"action": s.action_id, "params": json.dumps(s.params or {}, ensure_ascii=False)} for s in steps])
 
-    def with_blank(self, n):
+    def with_blank(self, n: int) -> "StepLines":
         self.lines += [{"action": "", "params": ""} for _ in range(n)]
         return self
 
-    def take(self, errors):
+    def take(self, errors: Mapping[str, str]) -> None:
         """File the engine's messages: each ``steps[i]…`` beside its line, the rest above."""
         for field, message in errors.items():
             match = re.match(r"steps\[(\d+)\]", field)
             index = self._line_of.get(int(match[1])) if match else None
             if index is None:
                 self.general[field] = message
-            elif not any(f.startswith(f"steps[{match[1]}].params") for f in self.errors.get(index, {})):
+            elif match and not any(f.startswith(f"steps[{match[1]}].params") for f in self.errors.get(index, {})):
                 self.errors.setdefault(index, {})[field] = message
 
-    def rows(self):
+    def rows(self) -> list[dict[str, Any]]:
         return [{**line, "index": i, "errors": self.errors.get(i, {})} for i, line in enumerate(self.lines)]
 
 
-def _int(value, default):
+def _int(value: str | None, default: int | None) -> int | None:
+    if value is None:
+        return default
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except ValueError:
         return default
 
 
-class RunStartAdmin:
+class RunStartAdmin(_RunAdmin):
     """The start, run-again and end pages of `RunAdmin` (mixed in before it)."""
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         own = [
             path("<int:object_id>/again/", self.admin_site.admin_view(self.again_view), name=f"{prefix}_again"),
@@ -131,15 +143,17 @@ class RunStartAdmin:
         ]
         return own + super().get_urls()
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Run | None = None) -> bool:
         return request.user.has_perm("cleanup.add_run")
 
-    def has_end_permission(self, request):
+    def has_end_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("cleanup.change_run")
 
     # -- start a run, and run again --------------------------------------------------
 
-    def add_view(self, request, form_url="", extra_context=None):
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """Start a run: the form, then its confirmation, then `start_run` (as the API's start)."""
         if not self.has_add_permission(request):
             raise PermissionDenied
@@ -173,7 +187,7 @@ class RunStartAdmin:
         )
         return HttpResponseRedirect(reverse("admin:cleanup_run_change", args=[run.pk]))
 
-    def again_view(self, request, object_id):
+    def again_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """Run again: the start form with this run's name and steps copied, to edit."""
         if not (self.has_add_permission(request) and request.user.has_perm("cleanup.view_run")):
             raise PermissionDenied
@@ -184,7 +198,14 @@ class RunStartAdmin:
         lines = StepLines.from_steps(steps).with_blank(1)
         return self.start_form(request, run.name, lines, again=run.pk)
 
-    def start_form(self, request, name, lines, errors=None, again=None):
+    def start_form(
+        self,
+        request: HttpRequest,
+        name: str,
+        lines: StepLines,
+        errors: Mapping[str, str] | None = None,
+        again: int | None = None,
+    ) -> TemplateResponse:
         actions, leases = installed()
         known = {a["id"] for a in actions}
         general = dict(lines.general)
@@ -208,7 +229,9 @@ class RunStartAdmin:
         }
         return TemplateResponse(request, "admin/cleanup/run/start.html", context)
 
-    def start_confirm(self, request, name, lines, validated, again):
+    def start_confirm(
+        self, request: HttpRequest, name: str, lines: StepLines, validated: list[dict[str, Any]], again: int | None
+    ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -232,7 +255,7 @@ class RunStartAdmin:
 
     # -- end now -----------------------------------------------------------------------
 
-    def end_view(self, request, object_id):
+    def end_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """End a running run now, giving back what it took or leaving it for later
         (`cancel_run`, as the API's cancel); its confirmation lists what will be given back."""
         if not self.has_end_permission(request):
@@ -268,16 +291,16 @@ class RunStartAdmin:
         }
         return TemplateResponse(request, "admin/cleanup/run/end.html", context)
 
-    def _no_such_run(self, request, object_id):
+    def _no_such_run(self, request: HttpRequest, object_id: int) -> HttpResponseRedirect:
         self.message_user(request, f"There is no run {object_id}.", messages.WARNING)
         return HttpResponseRedirect(reverse("admin:cleanup_run_changelist"))
 
 
-def runner_check(name, lines):
+def runner_check(name: str, lines: StepLines) -> list[dict[str, Any]]:
     """The engine's check of a run spec, with the form's own JSON errors added."""
     errors = {field: message for line in lines.errors.values() for field, message in line.items()}
     try:
-        validated = validate_spec(name, lines.spec)
+        validated: list[dict[str, Any]] = validate_spec(name, lines.spec)
     except RunSpecError as exc:
         raise RunSpecError({**exc.errors, **errors}) from None
     if errors:
@@ -285,7 +308,7 @@ def runner_check(name, lines):
     return validated
 
 
-def give_back_preview(run):
+def give_back_preview(run: Run) -> dict[str, Any]:
     """What a run's cleanup would give back now: its unresolved rows, group by group
     (the cleanup plan, capped; a step's placeholder shown only when nothing else of its
     step is recorded), and the steps that will not be performed."""

@@ -10,6 +10,7 @@ May import models; nothing of the engine imports it (the admin's pages do).
 """
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from ..models import UNRESOLVED, Resource
 
@@ -21,16 +22,16 @@ HOLDINGS_ROWS = 2_000
 HOLDINGS_PARTS = 6
 
 
-def _word(value):
+def _word(value: object) -> str | None:
     return str(value)[:40] if isinstance(value, str | int | float) and not isinstance(value, bool) else None
 
 
-def lease_target(ref):
+def lease_target(ref: str) -> str:
     """A lease row's target: its ref is ``<lease id>#<target>``."""
     return ref.split("#", 1)[1] if "#" in ref else ref
 
 
-def row_what(kind, ref, payload):
+def row_what(kind: str, ref: str, payload: object) -> str:
     """What a row is, in a few words: ``orc at north-gate``, ``orc-camp 1.0 → 5.0``, or its kind."""
     payload = payload if isinstance(payload, dict) else {}
     if kind == "override":
@@ -43,16 +44,16 @@ def row_what(kind, ref, payload):
     return what or (f"{kind} at {where}" if where else kind)
 
 
-def _counted(what_where):
+def _counted(what_where: Mapping[tuple[str, str], int]) -> list[str]:
     """``{(what, where): n}`` to "20 orc and 2 troll at north-gate; 3 goblin at south-gate"."""
-    by_place = {}
+    by_place: dict[str, list[str]] = {}
     for (what, where), n in what_where.items():
         by_place.setdefault(where, []).append(f"{n} {what}")
     parts = [" and ".join(items) + (f" at {where}" if where else "") for where, items in by_place.items()]
     return parts
 
 
-def holdings(run_ids):
+def holdings(run_ids: Iterable[int]) -> dict[int, str]:
     """``{run_id: "20 orc and 2 troll at north-gate; orc-camp 1.0 → 5.0"}`` for each run that holds something.
 
     One query over the unresolved rows of these runs (their partial index), at most
@@ -64,7 +65,9 @@ def holdings(run_ids):
         .order_by("id")
         .values_list("run_id", "kind", "ref", "payload")[:HOLDINGS_ROWS]
     )
-    counted, leases, seen = {}, {}, 0
+    counted: dict[int, Counter[tuple[str, str]]] = {}
+    leases: dict[int, list[str]] = {}
+    seen = 0
     for run_id, kind, ref, payload in rows:
         seen += 1
         if kind == "override":
@@ -73,7 +76,7 @@ def holdings(run_ids):
         words = row_what(kind, ref, payload)
         what, _, where = words.partition(" at ")
         counted.setdefault(run_id, Counter())[(what, where)] += 1
-    found = {}
+    found: dict[int, str] = {}
     for run_id in {*counted, *leases}:
         parts = _counted(counted.get(run_id, {})) + leases.get(run_id, [])
         more = len(parts) - HOLDINGS_PARTS

@@ -6,10 +6,12 @@ May import: Django and DRF only.
 """
 
 import hashlib
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import status
 from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 IF_NONE_MATCH = OpenApiParameter(
@@ -21,11 +23,11 @@ IF_NONE_MATCH = OpenApiParameter(
 NOT_MODIFIED = OpenApiResponse(description="Not modified: the copy whose ETag was sent is current.")
 
 
-def etag_of(data):
+def etag_of(data: object) -> str:
     return '"' + hashlib.sha256(JSONRenderer().render(data)).hexdigest()[:40] + '"'
 
 
-def matches(header, tag):
+def matches(header: str | None, tag: str) -> bool:
     """Does an ``If-None-Match`` header name ``tag`` (weak or strong), or ``*``?"""
     if not header:
         return False
@@ -33,7 +35,7 @@ def matches(header, tag):
     return "*" in candidates or any(c.removeprefix("W/") == tag for c in candidates)
 
 
-def conditional(request, response):
+def conditional(request: Request, response: Response) -> Response:
     """``response`` with its ETag, or a bodiless 304 when the request already holds it."""
     if response.status_code != status.HTTP_200_OK:
         return response
@@ -44,8 +46,14 @@ def conditional(request, response):
     return response
 
 
-class ETagged:
+if TYPE_CHECKING:
+    from rest_framework.mixins import RetrieveModelMixin as _Retrieve
+else:
+    _Retrieve = object
+
+
+class ETagged(_Retrieve):
     """A retrieve view whose answer carries an ETag and honours ``If-None-Match``."""
 
-    def retrieve(self, request, *args, **kwargs):
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return conditional(request, super().retrieve(request, *args, **kwargs))

@@ -19,11 +19,18 @@ answer errors, and each answers the envelope:
 May import: Django and DRF only.
 """
 
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
 from django.conf import settings
-from django.core.exceptions import DisallowedHost, RequestDataTooBig
-from django.http import Http404, JsonResponse
+from django.core.exceptions import DisallowedHost, PermissionDenied, RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+
+# What a field's messages are keyed by: ``{"steps[0].action": ["unknown action"]}``.
+FieldErrors = dict[str, list[str]]
 
 API_PREFIX = "/api/"
 # The versioned API, and the old prefix that keeps answering the same until it is removed.
@@ -74,7 +81,7 @@ CODES = {
 CODE_CHOICES = [(code, code) for code in CODES]
 
 
-def codes_of(status_code):
+def codes_of(status_code: int) -> list[str]:
     """The codes an error of ``status_code`` can carry."""
     return [code for code, (status_of, _) in CODES.items() if status_of == status_code]
 
@@ -116,7 +123,15 @@ class ApiError(APIException):
     ``headers`` (such as ``{"Retry-After": "30"}``) are added to the answer.
     """
 
-    def __init__(self, status_code, code, detail, *, errors=None, headers=None):
+    def __init__(
+        self,
+        status_code: int,
+        code: str,
+        detail: str,
+        *,
+        errors: FieldErrors | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         if code not in CODES:
             raise ValueError(f"{code!r} is not one of the API's error codes (cleanup.api.errors.CODES)")
         if CODES[code][0] != status_code:
@@ -131,22 +146,22 @@ class ApiError(APIException):
 class Conflict(ApiError):
     """409: the state does not allow it; ``code`` says which conflict."""
 
-    def __init__(self, code, detail):
+    def __init__(self, code: str, detail: str) -> None:
         super().__init__(status.HTTP_409_CONFLICT, code, detail)
 
 
 class Invalid(ApiError):
     """400 ``invalid``, naming each bad field (or query parameter) with its messages."""
 
-    def __init__(self, errors, detail=None):
-        errors = {field: list(messages) for field, messages in errors.items()}
-        super().__init__(status.HTTP_400_BAD_REQUEST, "invalid", detail or summary(errors), errors=errors)
+    def __init__(self, errors: Mapping[str, Iterable[str]], detail: str | None = None) -> None:
+        listed = {field: list(messages) for field, messages in errors.items()}
+        super().__init__(status.HTTP_400_BAD_REQUEST, "invalid", detail or summary(listed), errors=listed)
 
 
 class UnknownParameter(ApiError):
     """400 ``unknown_parameter``, naming each query parameter the endpoint does not take."""
 
-    def __init__(self, names, allowed):
+    def __init__(self, names: Iterable[str], allowed: Iterable[str]) -> None:
         allowed_text = ", ".join(sorted(allowed)) or "none"
         message = f"unknown query parameter; this endpoint takes: {allowed_text}"
         errors = {name: [message] for name in sorted(names)}
@@ -160,20 +175,21 @@ class PayloadTooLarge(APIException):
     default_code = "payload_too_large"
 
 
-def summary(errors):
+def summary(errors: Mapping[str, Iterable[object]]) -> str:
     """One sentence of field messages: ``steps[1].action: unknown action; name: required``."""
     return "; ".join(f"{field}: {' '.join(str(m) for m in messages)}" for field, messages in errors.items())
 
 
-def envelope(code, detail, errors=None):
-    body = {"code": code, "detail": str(detail)}
+def envelope(code: str, detail: object, errors: FieldErrors | None = None) -> dict[str, object]:
+    body: dict[str, object] = {"code": code, "detail": str(detail)}
     if errors:
         body["errors"] = errors
     return body
 
 
-def _flatten(data, prefix=""):
+def _flatten(data: object, prefix: str = "") -> FieldErrors:
     """DRF's nested ``ValidationError.detail`` as ``{"field": [messages]}`` (``steps[0].action``)."""
+    found: FieldErrors
     if isinstance(data, dict):
         found = {}
         for key, value in data.items():
@@ -191,7 +207,7 @@ def _flatten(data, prefix=""):
     return {prefix or "non_field_errors": [str(data)]}
 
 
-def _code_of(exc, status_code):
+def _code_of(exc: Exception, status_code: int) -> str:
     if isinstance(exc, ApiError):
         return exc.code
     if isinstance(exc, exceptions.ParseError):
@@ -199,12 +215,13 @@ def _code_of(exc, status_code):
     if isinstance(exc, exceptions.AuthenticationFailed | exceptions.NotAuthenticated):
         return "not_authenticated"
     own = getattr(exc, "default_code", None)
-    if isinstance(exc, APIException) and own in CODES and not isinstance(exc, exceptions.ValidationError):
-        return own
+    if isinstance(exc, APIException) and isinstance(own, str) and own in CODES:
+        if not isinstance(exc, exceptions.ValidationError):
+            return own
     return CODE_OF_STATUS.get(status_code, "invalid" if status_code < 500 else "server_error")
 
 
-def exception_handler(exc, context):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # Imported here: rest_framework.views reads the API settings, which name this module.
     from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -212,18 +229,23 @@ def exception_handler(exc, context):
         exc = PayloadTooLarge()
     elif isinstance(exc, Http404 | exceptions.NotFound):
         exc = exceptions.NotFound(NOT_FOUND)
+    elif isinstance(exc, PermissionDenied):
+        # Django's own refusal (DRF answers it 403 too) carries no ``detail``: DRF's does.
+        exc = exceptions.PermissionDenied(*exc.args)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     code = _code_of(exc, response.status_code)
-    errors = getattr(exc, "errors", None)
+    errors: FieldErrors | None = getattr(exc, "errors", None)
+    detail: object
     if isinstance(exc, exceptions.ValidationError):
         errors = _flatten(exc.detail)
         detail = summary(errors)
-    elif isinstance(exc.detail, dict | list):
+    elif isinstance(exc, APIException) and isinstance(exc.detail, dict | list):
         errors = errors or _flatten(exc.detail)
         detail = summary(errors)
     else:
+        assert isinstance(exc, APIException)  # DRF answers nothing else
         detail = exc.detail
     response.data = envelope(code, detail, errors)
     for name, value in getattr(exc, "headers", {}).items():
@@ -231,13 +253,15 @@ def exception_handler(exc, context):
     return response
 
 
-def error_response(status_code, code=None, detail=None, errors=None):
+def error_response(
+    status_code: int, code: str | None = None, detail: str | None = None, errors: FieldErrors | None = None
+) -> JsonResponse:
     """The envelope as a plain Django answer, for errors answered outside DRF's views."""
     code = code or CODE_OF_STATUS.get(status_code, "invalid" if status_code < 500 else "server_error")
     return JsonResponse(envelope(code, detail or GENERIC.get(status_code, "Error."), errors), status=status_code)
 
 
-def _too_large(request):
+def _too_large(request: HttpRequest) -> bool:
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -246,18 +270,19 @@ def _too_large(request):
     return limit is not None and length > limit
 
 
-def body_limit():
-    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+def body_limit() -> int | None:
+    limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return limit
 
 
-def successor_url(request):
+def successor_url(request: HttpRequest) -> str:
     """The same request's URL under ``/api/v1/events/``."""
     path = V1_PREFIX + request.path[len(LEGACY_PREFIX) :]
     query = request.META.get("QUERY_STRING", "")
     return request.build_absolute_uri(path + (f"?{query}" if query else ""))
 
 
-def mark_deprecated(request, response):
+def mark_deprecated(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
     """An answer under the old ``/api/events/`` says it is deprecated, and where its successor is."""
     try:
         successor = successor_url(request)
@@ -272,12 +297,13 @@ def mark_deprecated(request, response):
 class ApiErrorsMiddleware:
     """Under ``/api/``, an error response that is not the envelope is replaced by one that is."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if not request.path.startswith(API_PREFIX):
             return self.get_response(request)
+        response: HttpResponseBase
         if _too_large(request):
             # Refused before anything reads the body (a form body is read by the CSRF check).
             response = error_response(413)

@@ -9,10 +9,13 @@ May import: the models, `feed`, the API's own modules.
 """
 
 import time
+from typing import Any
 
+from django.http import QueryDict
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -27,23 +30,24 @@ MAX_LIMIT = 500
 POLL_S = 0.25
 
 
-def position():
+def position() -> int:
     """The highest id in the change feed now; what happens from now on is listed after it."""
     return feed.position()
 
 
-class ChangeSerializer(serializers.Serializer):
+class ChangeSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField(help_text="Its place in the feed: ask for `?after=` the highest id read.")
     at = serializers.DateTimeField()
     kind = serializers.ChoiceField(choices=[*LogKind.values, *ModuleEventKind.values])
-    source = serializers.ChoiceField(choices=feed.FEED_KINDS, help_text="The run log or the modules' log.")
+    # A field named as `Field.source`: DRF takes declared fields off the class, the stubs cannot say so.
+    source = serializers.ChoiceField(choices=feed.FEED_KINDS, help_text="The run log or the modules' log.")  # type: ignore[assignment]
     run = serializers.IntegerField(allow_null=True, help_text="The run of a run log entry; null for a module's.")
     module = serializers.CharField(allow_null=True)
     backend = serializers.CharField(allow_null=True)
     detail = serializers.JSONField()
 
 
-def whole_number(params, name, default, low, high):
+def whole_number(params: QueryDict, name: str, default: int, low: int, high: int) -> int:
     value = params.get(name)
     if value is None:
         return default
@@ -52,7 +56,7 @@ def whole_number(params, name, default, low, high):
     return int(value)
 
 
-def pause(seconds):
+def pause(seconds: float) -> None:
     """Sleep between two looks at the feed (a test replaces it to watch the connection)."""
     time.sleep(seconds)
 
@@ -96,7 +100,7 @@ class ChangesView(EventsAPI, APIView):
     pagination_class = None  # a sequence read on by `after`, not pages
     filters = ("after", "limit", "wait")
 
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         params = request.query_params
         after = whole_number(params, "after", 0, 0, MAX_ID)
         limit = whole_number(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)

@@ -25,13 +25,18 @@ import time
 import unicodedata
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.request import RawPostDataException
+from django.template.response import SimpleTemplateResponse
 from django.utils import timezone
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ..conf import setting
 from ..models import IdempotencyKey
@@ -68,12 +73,12 @@ class IdempotencyKeyInUse(APIException):
 class Replay(Exception):
     """Raised by `IdempotentPosts.initial` to answer a retry with the first answer."""
 
-    def __init__(self, response):
+    def __init__(self, response: HttpResponse) -> None:
         super().__init__("replayed")
         self.response = response
 
 
-def key_of(request):
+def key_of(request: Request) -> str | None:
     """The request's ``Idempotency-Key``, or None without one; 400 for one that cannot be a key."""
     key = request.headers.get(HEADER)
     if key is None:
@@ -87,7 +92,7 @@ def key_of(request):
     return key
 
 
-def fingerprint(request):
+def fingerprint(request: Request | HttpRequest) -> str:
     """What makes two requests "the same": method, path with its query, and the body.
 
     A JSON body counts by its value (key order and spacing aside); no body counts as ``{}``.
@@ -103,13 +108,13 @@ def fingerprint(request):
     except (ValueError, UnicodeDecodeError):
         body = raw
     digest = hashlib.sha256()
-    for part in (request.method.encode(), request.get_full_path().encode(), body):
+    for part in ((request.method or "").encode(), request.get_full_path().encode(), body):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()
 
 
-def replay(row):
+def replay(row: IdempotencyKey) -> HttpResponse:
     response = HttpResponse(row.body, status=row.status, content_type=row.content_type or "application/json")
     for name, value in row.headers.items():
         response[name] = value
@@ -117,7 +122,7 @@ def replay(row):
     return response
 
 
-def hold(user, key, print_, wait_s=None):
+def hold(user: Any, key: str, print_: str, wait_s: float | None = None) -> IdempotencyKey:
     """Hold ``key`` for this request, answering its row; or raise `Replay`, reused or in use."""
     deadline = time.monotonic() + (WAIT_S if wait_s is None else wait_s)
     for turn in itertools.count():
@@ -139,7 +144,7 @@ def hold(user, key, print_, wait_s=None):
                 )
         except IntegrityError:
             pass
-        row = IdempotencyKey.objects.filter(user=user, key=key).first()
+        row: IdempotencyKey | None = IdempotencyKey.objects.filter(user=user, key=key).first()
         if row is None:
             continue  # let go, or pruned, since the insert: try again
         if row.expires_at <= now:
@@ -161,23 +166,24 @@ def hold(user, key, print_, wait_s=None):
         if time.monotonic() >= deadline:
             raise IdempotencyKeyInUse()
         time.sleep(POLL_S)
+    raise AssertionError("itertools.count() never ends")
 
 
-def kept(response):
+def kept(response: HttpResponseBase) -> bool:
     """Whether an answer is kept for the key's retries: not a 429 (try again later), not a 5xx."""
     return response.status_code < 500 and response.status_code != status.HTTP_429_TOO_MANY_REQUESTS
 
 
-def finish(row, response):
+def finish(row: IdempotencyKey, response: HttpResponseBase) -> None:
     """Write the first answer to the key's row (fenced by its token), or let the key go."""
     mine = IdempotencyKey.objects.filter(pk=row.pk, token=row.token, status__isnull=True)
     if not kept(response):
         mine.delete()
         return
-    if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
         response.render()
     try:
-        body = response.content.decode("utf-8")
+        body = getattr(response, "content", b"").decode("utf-8")
     except UnicodeDecodeError:
         mine.delete()
         return
@@ -185,20 +191,26 @@ def finish(row, response):
     mine.update(status=response.status_code, body=body, content_type=response.get("Content-Type", ""), headers=headers)
 
 
-def let_go(row):
+def let_go(row: IdempotencyKey) -> None:
     IdempotencyKey.objects.filter(pk=row.pk, token=row.token, status__isnull=True).delete()
 
 
-class IdempotentPosts:
+if TYPE_CHECKING:
+    _View = APIView
+else:
+    _View = object
+
+
+class IdempotentPosts(_View):
     """A view mixin: POSTs with an ``Idempotency-Key`` are done once and replayed.
 
     The key is held after authentication, permissions and throttles (a refused request
     holds nothing) and before the handler.
     """
 
-    _held_key = None
+    _held_key: IdempotencyKey | None = None
 
-    def initial(self, request, *args, **kwargs):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self._held_key = None
         super().initial(request, *args, **kwargs)
         if request.method != "POST":
@@ -207,12 +219,12 @@ class IdempotentPosts:
         if key is not None:
             self._held_key = hold(request.user, key, fingerprint(request))
 
-    def handle_exception(self, exc):
+    def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, Replay):
-            return exc.response
+            return exc.response  # type: ignore[return-value]  # the first answer, as it was kept
         return super().handle_exception(exc)
 
-    def dispatch(self, request, *args, **kwargs):
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
             response = super().dispatch(request, *args, **kwargs)
         except BaseException:
@@ -246,7 +258,9 @@ REPLAYED_HEADER = {
 LOCATION_HEADER = {"schema": {"type": "string", "format": "uri"}, "description": "What to follow: the run, or the log."}
 
 
-def document_idempotency_key(result, generator, request, public):
+def document_idempotency_key(
+    result: dict[str, Any], generator: object, request: object, public: bool
+) -> dict[str, Any]:
     """drf-spectacular post-processing hook: the header, 409 and 422 on every POST, and the
     answers' headers (``Idempotent-Replayed``; ``Location`` on 201 and 202)."""
     for operations in result.get("paths", {}).values():

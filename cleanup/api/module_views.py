@@ -10,9 +10,14 @@ nothing is logged).
 May import: `outages`, `registry`, the models and the API's own modules.
 """
 
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -23,7 +28,7 @@ from .errors import Conflict
 from .views import BACKEND_PARAM, BACKEND_PATH, EventsAPI, actor, backend_checked, by_backend, errors
 
 
-def describe(health, registered):
+def describe(health: ModuleHealth, registered: Collection[str]) -> dict[str, Any]:
     """One backend's health, as `serializers.BackendHealthSerializer` reads it."""
     down = health.state == ModuleState.DOWN
     return {
@@ -44,7 +49,7 @@ def describe(health, registered):
     }
 
 
-def describe_module(module, healths, registered):
+def describe_module(module: str, healths: Iterable[ModuleHealth], registered: Collection[str]) -> dict[str, Any]:
     """A module: its backend "" at the top, as before backends, and every backend under ``backends``."""
     backends = [describe(h, registered) for h in healths]
     only = next((b for b in backends if b["backend"] == ""), None) or describe(ModuleHealth(module=module), registered)
@@ -52,16 +57,16 @@ def describe_module(module, healths, registered):
     return {**top, "backends": backends}
 
 
-def health_answer(module):
+def health_answer(module: str) -> dict[str, Any]:
     return describe_module(module, outages.backends_of([module])[module], set(registry.modules()))
 
 
-def backend_answer(module, backend):
+def backend_answer(module: str, backend: str) -> dict[str, Any]:
     health = ModuleHealth.objects.filter(module=module, backend=backend).first()
     return describe(health or ModuleHealth(module=module, backend=backend), set(registry.modules()))
 
 
-def known(name):
+def known(name: str) -> str:
     if not outages.module_known(name):
         raise NotFound()
     return name
@@ -80,7 +85,7 @@ class ModuleListView(EventsAPI, APIView):
     required_perms = {"GET": ["cleanup.view_modulehealth"]}
     pagination_class = None  # a handful of modules: the whole list at once
 
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         registered = set(registry.modules())
         known_modules = outages.known_modules()
         backends = outages.backends_of(known_modules)
@@ -102,7 +107,7 @@ class ModuleDownView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name):
+    def post(self, request: Request, name: str) -> Response:
         body = s.MarkDownSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         known(name)
@@ -125,7 +130,7 @@ class ModuleUpView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name):
+    def post(self, request: Request, name: str) -> Response:
         s.EmptySerializer(data=request.data).is_valid(raise_exception=True)
         known(name)
         if not outages.mark_up(name, by=actor(request)):
@@ -149,7 +154,7 @@ class BackendDownView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name, backend):
+    def post(self, request: Request, name: str, backend: str) -> Response:
         body = s.MarkDownSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         backend_checked(backend)
@@ -174,7 +179,7 @@ class BackendUpView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name, backend):
+    def post(self, request: Request, name: str, backend: str) -> Response:
         s.EmptySerializer(data=request.data).is_valid(raise_exception=True)
         backend_checked(backend)
         known(name)
@@ -189,7 +194,7 @@ class BackendUpView(EventsAPI, APIView):
     parameters=[OpenApiParameter("module", str, description="Only this module's entries."), BACKEND_PARAM],
     responses={200: s.ModuleEventSerializer(many=True), **errors(400, 404)},
 )
-class ModuleLogView(EventsAPI, generics.ListAPIView):
+class ModuleLogView(EventsAPI, generics.ListAPIView[ModuleEvent]):
     """Needs `cleanup.view_moduleevent`. Newest first."""
 
     serializer_class = s.ModuleEventSerializer
@@ -197,7 +202,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
     required_perms = {"GET": ["cleanup.view_moduleevent"]}
     filters = ("module", "backend")
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[ModuleEvent]:
         entries = ModuleEvent.objects.order_by("-at", "-id")
         module = self.request.query_params.get("module")
         if module is not None:
@@ -213,7 +218,7 @@ class ModuleLogView(EventsAPI, generics.ListAPIView):
     parameters=[BACKEND_PARAM],
     responses={200: s.ModuleEventSerializer(many=True), **errors(404)},
 )
-class ModuleOneLogView(EventsAPI, generics.ListAPIView):
+class ModuleOneLogView(EventsAPI, generics.ListAPIView[ModuleEvent]):
     """Needs `cleanup.view_moduleevent`. Newest first; a module never known answers 404."""
 
     serializer_class = s.ModuleEventSerializer
@@ -222,10 +227,10 @@ class ModuleOneLogView(EventsAPI, generics.ListAPIView):
     filters = ("backend",)
 
     @extend_schema(operation_id="events_module_log_list")
-    def get(self, request, *args, **kwargs):
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[ModuleEvent]:
         name = self.kwargs["name"]
         if not (outages.module_known(name) or ModuleEvent.objects.filter(module=name).exists()):
             raise NotFound()

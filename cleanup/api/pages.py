@@ -14,21 +14,26 @@ May import: Django and DRF only.
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Q
+from django.db.models import Model, Q, QuerySet
+from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
+from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 FORWARD, BACKWARD = "n", "p"
 
 
-def page_size(params):
+def page_size(params: QueryDict) -> int:
     value = params.get("page_size")
     if value is None:
         return DEFAULT_PAGE_SIZE
@@ -37,18 +42,19 @@ def page_size(params):
     return int(value)
 
 
-def ordering_of(view, params):
+def ordering_of(view: APIView | None, params: QueryDict) -> str:
     """The order ``?ordering=`` asks for among the view's, else the view's default."""
-    orderings = getattr(view, "orderings", None) or [view.default_ordering]
+    default: str = getattr(view, "default_ordering")  # noqa: B009  (every list view names one)
+    orderings: Sequence[str] = getattr(view, "orderings", None) or [default]
     value = params.get("ordering")
     if value is None:
-        return view.default_ordering
+        return default
     if value not in orderings:
         raise ValidationError({"ordering": [f"unknown value {value!r}; allowed values: {', '.join(orderings)}"]})
     return value
 
 
-def encode(ordering, direction, key):
+def encode(ordering: str, direction: str, key: Sequence[object] | None) -> str:
     raw = json.dumps({"o": ordering, "d": direction, "k": key}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -56,7 +62,7 @@ def encode(ordering, direction, key):
 BAD_CURSOR = "not a cursor of this list: use the next or previous link it answered"
 
 
-def decode(value, ordering):
+def decode(value: str, ordering: str) -> tuple[str, list[Any]]:
     """``(direction, [sort value, id])`` of a cursor this list gave, else 400 naming ``cursor``."""
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
@@ -77,7 +83,7 @@ def decode(value, ordering):
     return direction, key
 
 
-def link(request, cursor):
+def link(request: Request, cursor: str | None) -> str | None:
     """The URL of this list at ``cursor``, its other parameters kept; None without a cursor."""
     if cursor is None:
         return None
@@ -86,14 +92,16 @@ def link(request, cursor):
     return request.build_absolute_uri(request.path) + "?" + urlencode(params)
 
 
-def with_links(response, next_url, previous_url):
+def with_links(response: Response, next_url: str | None, previous_url: str | None) -> Response:
     links = [f'<{url}>; rel="{rel}"' for url, rel in ((next_url, "next"), (previous_url, "prev")) if url]
     if links:
         response["Link"] = ", ".join(links)
     return response
 
 
-def page_of_keys(keys, request, ordering):
+def page_of_keys(
+    keys: Sequence[tuple[int, int]], request: Request, ordering: str
+) -> tuple[list[tuple[int, int]], str | None, str | None]:
     """A page of ``keys``, a sorted list of ``(rank, id)``: ``(keys, next URL, previous URL)``.
 
     For lists the engine computes (the cleanup plan's groups), paged as the others are.
@@ -101,14 +109,15 @@ def page_of_keys(keys, request, ordering):
     size = page_size(request.query_params)
     direction, key = FORWARD, None
     if "cursor" in request.query_params:
-        direction, key = decode(request.query_params["cursor"], ordering)
-        if not isinstance(key[0], int) or isinstance(key[0], bool):
+        direction, pair = decode(request.query_params["cursor"], ordering)
+        if not isinstance(pair[0], int) or isinstance(pair[0], bool):
             raise ValidationError({"cursor": [BAD_CURSOR]})
-        key = tuple(key)
+        key = (pair[0], pair[1])
     if direction == FORWARD:
         candidates = [k for k in keys if key is None or k > key]
         page, more = candidates[:size], len(candidates) > size
     else:
+        assert key is not None  # only a cursor goes back
         candidates = [k for k in keys if k < key]
         page, more = candidates[-size:], len(candidates) > size
     first = list(page[0]) if page else (list(key) if key else None)
@@ -129,7 +138,11 @@ class CursorPage(BasePagination):
     cursor_query_param = "cursor"
     page_size_query_param = "page_size"
 
-    def paginate_queryset(self, queryset, request, view=None):
+    def paginate_queryset(
+        self, queryset: QuerySet[Any, Any] | Sequence[Any], request: Request, view: APIView | None = None
+    ) -> list[Any]:
+        if not isinstance(queryset, QuerySet):
+            raise TypeError("a cursor page reads a queryset, in the database's order")
         params = request.query_params
         self.request = request
         size = page_size(params)
@@ -140,7 +153,8 @@ class CursorPage(BasePagination):
         order = [f"{sign}{self.field}", f"{sign}id"] if self.field != "id" else [f"{sign}id"]
         direction, key = FORWARD, None
         if "cursor" in params:
-            direction, key = decode(params["cursor"], self.ordering)
+            direction, cursor_key = decode(params["cursor"], self.ordering)
+            key = cursor_key
             queryset = queryset.filter(self.beyond(key, forward=direction == FORWARD))
         if direction == BACKWARD:
             order = [o[1:] if o.startswith("-") else f"-{o}" for o in order]
@@ -159,13 +173,13 @@ class CursorPage(BasePagination):
             self.next = encode(self.ordering, FORWARD, last) if last is not None else None
         return rows
 
-    def key_of(self, row):
+    def key_of(self, row: Model) -> list[Any]:
         value = getattr(row, self.field)
         if isinstance(value, datetime):
             value = value.isoformat()
         return [value, row.pk]
 
-    def beyond(self, key, forward):
+    def beyond(self, key: Sequence[Any], forward: bool) -> Q:
         """The rows past ``key`` in the order (before it, going back)."""
 
         value, pk = key
@@ -179,13 +193,13 @@ class CursorPage(BasePagination):
             return Q(**{f"id__{op}": pk})
         return Q(**{f"{self.field}__{op}": value}) | Q(**{self.field: value, f"id__{op}": pk})
 
-    def get_paginated_response(self, data):
+    def get_paginated_response(self, data: Any) -> Response:
         next_url, previous_url = link(self.request, self.next), link(self.request, self.previous)
         return with_links(
             Response({"next": next_url, "previous": previous_url, "results": data}), next_url, previous_url
         )
 
-    def get_paginated_response_schema(self, schema):
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
         link = {"type": "string", "format": "uri", "nullable": True}
         return {
             "type": "object",
@@ -197,9 +211,9 @@ class CursorPage(BasePagination):
             },
         }
 
-    def get_schema_operation_parameters(self, view):
+    def get_schema_operation_parameters(self, view: APIView) -> list[dict[str, Any]]:
         orderings = getattr(view, "orderings", None)
-        parameters = [
+        parameters: list[dict[str, Any]] = [
             {
                 "name": "cursor",
                 "required": False,
@@ -221,7 +235,7 @@ class CursorPage(BasePagination):
                     "name": "ordering",
                     "required": False,
                     "in": "query",
-                    "description": f"The order (default {view.default_ordering}); ties go by id.",
+                    "description": f"The order (default {getattr(view, 'default_ordering', 'id')}); ties go by id.",
                     "schema": {"type": "string", "enum": list(orderings)},
                 }
             )

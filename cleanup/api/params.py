@@ -8,7 +8,10 @@ A parameter given twice is refused as well: which of the two would count is a gu
 May import: DRF and the API's errors.
 """
 
+from django.http import QueryDict
 from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from .errors import Invalid, UnknownParameter
 
@@ -25,7 +28,7 @@ class NoFormatParameter(DefaultContentNegotiation):
 PAGINATOR_PARAMS = ("page_query_param", "page_size_query_param", "cursor_query_param", "limit_query_param")
 
 
-def paginator_params(view):
+def paginator_params(view: APIView) -> set[str]:
     # A list's paginator only: a detail view has one (DRF's generic views all do) but never reads it.
     paginator = getattr(view, "paginator", None) if hasattr(view, "list") else None
     if paginator is None:
@@ -33,14 +36,14 @@ def paginator_params(view):
     return {name for attr in PAGINATOR_PARAMS if (name := getattr(paginator, attr, None))}
 
 
-def taken(view, method):
+def taken(view: APIView, method: str | None) -> set[str]:
     """The query parameters ``view`` takes for ``method``."""
     if method not in ("GET", "HEAD"):
         return set()
     return set(getattr(view, "filters", ())) | paginator_params(view)
 
 
-def check(view, request):
+def check(view: APIView, request: Request) -> None:
     """400 ``unknown_parameter`` for a parameter the endpoint does not take; ``invalid`` for one given twice."""
     allowed = taken(view, request.method)
     params = request.query_params
@@ -54,7 +57,7 @@ def check(view, request):
         raise Invalid(repeated)
 
 
-def flag(params, name):
+def flag(params: QueryDict, name: str) -> bool:
     """A yes/no query parameter: ``1``/``true`` or ``0``/``false`` (or absent: no); anything else is 400."""
     value = params.get(name)
     if value is None:

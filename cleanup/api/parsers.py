@@ -4,6 +4,8 @@ May import: `validation` and the API's errors.
 """
 
 import codecs
+from collections.abc import Mapping
+from typing import IO, Any
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError, ValidationError
@@ -24,7 +26,9 @@ class BoundedJSONParser(JSONParser):
     parser lets ``1e400`` (infinity), lone surrogates and a recursion error through.
     """
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None
+    ) -> Any:
         limit = body_limit()
         raw = stream.read() if limit is None else stream.read(limit + 1)
         if limit is not None and len(raw) > limit:

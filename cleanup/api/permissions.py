@@ -4,6 +4,8 @@ May import: DRF only.
 """
 
 from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 
 class StaffWithPermissions(BasePermission):
@@ -17,12 +19,12 @@ class StaffWithPermissions(BasePermission):
     405: only the listed methods have handlers.
     """
 
-    def has_permission(self, request, view):
+    def has_permission(self, request: Request, view: APIView) -> bool:
         user = request.user
         if not (user and user.is_authenticated and user.is_active and user.is_staff):
             return False
         method = "GET" if request.method == "HEAD" else request.method
-        perms = view.required_perms.get(method)
+        perms: list[str] | None = getattr(view, "required_perms", {}).get(method)
         if method == "OPTIONS" or perms is None:
             return True
         return user.has_perms(perms)

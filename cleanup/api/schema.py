@@ -6,6 +6,8 @@ schema machinery (a sweeper or a cluster worker never does).
 May import: drf-spectacular and the API's errors.
 """
 
+from typing import Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 
@@ -18,7 +20,7 @@ class TokenScheme(OpenApiAuthenticationExtension):
     target_class = "cleanup.api.tokens.TokenAuthentication"
     name = "tokenAuth"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: object) -> dict[str, Any]:
         return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token")
 
 
@@ -43,7 +45,7 @@ EVERY_WRITE = (413, 415)
 ON_AN_OBJECT = (404,)
 
 
-def statuses_of(path, method):
+def statuses_of(path: str, method: str) -> set[int]:
     found = set(EVERY_OPERATION)
     if method in ("post", "put", "patch"):
         found.update(EVERY_WRITE)
@@ -52,7 +54,7 @@ def statuses_of(path, method):
     return found
 
 
-def declare_errors(result, generator, request, public):
+def declare_errors(result: dict[str, Any], generator: object, request: object, public: bool) -> dict[str, Any]:
     """Every status an operation can answer is in its responses, each with the `Error` envelope and
     the codes it can carry; an error a view declared itself (409) keeps its place."""
     assert set(WHEN) >= {status for status, _ in CODES.values() if status < 500}, "a status without a description"
@@ -72,7 +74,7 @@ def declare_errors(result, generator, request, public):
     return result
 
 
-def refuse_unknown_fields(result, generator, request, public):
+def refuse_unknown_fields(result: dict[str, Any], generator: object, request: object, public: bool) -> dict[str, Any]:
     """Every request body is an object whose unknown fields are refused (`serializers.StrictSerializer`,
     and `cleanup.runner.validate_spec` for each step): ``additionalProperties: false``."""
     components = result.get("components", {}).get("schemas", {})
@@ -84,7 +86,7 @@ def refuse_unknown_fields(result, generator, request, public):
         for media in operation.get("requestBody", {}).get("content", {}).values()
         if "$ref" in media.get("schema", {})
     ]
-    seen = set()
+    seen: set[str] = set()
     while pending:
         ref = pending.pop()
         name = ref.rsplit("/", 1)[-1]
@@ -101,7 +103,7 @@ def refuse_unknown_fields(result, generator, request, public):
     return result
 
 
-def only_current_version(endpoints):
+def only_current_version(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """The schema documents ``/api/v1/events/``: the deprecated ``/api/events/`` is the same API, and
     the schema's own endpoint is not part of it."""
     return [endpoint for endpoint in endpoints if endpoint[0].startswith("/api/v1/events/")]

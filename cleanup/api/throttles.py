@@ -22,11 +22,14 @@ May import: Django and DRF only.
 """
 
 import logging
+from typing import Any
 
-from django.core.cache import InvalidCacheBackendError, caches
+from django.core.cache import BaseCache, InvalidCacheBackendError, caches
 from rest_framework.exceptions import APIException, Throttled
+from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +44,12 @@ class QuotaExceeded(Throttled):
     default_detail = "A quota is reached."
     default_code = "quota_exceeded"
 
-    def __init__(self, detail=None, wait=None):
+    def __init__(self, detail: str | None = None, wait: float | None = None) -> None:
         APIException.__init__(self, detail, self.default_code)
         self.wait = wait
 
 
-def counts():
+def counts() -> BaseCache:
     """The cache that holds the counts: `CACHE` when the site names one, else the default."""
     try:
         return caches[CACHE]
@@ -54,9 +57,9 @@ def counts():
         return caches["default"]
 
 
-def scope_of(request, view):
+def scope_of(request: Request, view: APIView) -> str:
     """``events_reads``, ``events_writes`` or ``events_actions`` (a view may name its own)."""
-    named = getattr(view, "throttle_scope", None)
+    named: str | None = getattr(view, "throttle_scope", None)
     if named:
         return named
     if request.method in SAFE_METHODS:
@@ -70,14 +73,14 @@ class EventsThrottle(SimpleRateThrottle):
 
     cache_format = "events-throttle:%(scope)s:%(ident)s"
 
-    def __init__(self):
+    def __init__(self) -> None:
         # The rate depends on the request's scope: it is read in allow_request, at the
         # moment of use (so override_settings changes it), not here.
         pass
 
-    def allow_request(self, request, view):
+    def allow_request(self, request: Request, view: APIView) -> bool:
         self.scope = scope_of(request, view)
-        self.rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        self.rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # type: ignore[assignment]  # a rate's text
         if not self.rate:
             return True
         self.num_requests, self.duration = self.parse_rate(self.rate)
@@ -88,13 +91,15 @@ class EventsThrottle(SimpleRateThrottle):
             logger.warning("the API's throttle could not reach its cache; the request is let through", exc_info=True)
             return True
 
-    def get_cache_key(self, request, view):
+    def get_cache_key(self, request: Request, view: APIView) -> str:
         user = request.user
         ident = user.pk if user and user.is_authenticated else self.get_ident(request)
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
 
-def document_throttles(result, generator, request, public):
+def document_throttles(
+    result: dict[str, Any], generator: object, request: Request | None, public: bool
+) -> dict[str, Any]:
     """drf-spectacular post-processing hook: 429 (throttled, or a quota) on every operation."""
     for operations in result.get("paths", {}).values():
         for method, operation in operations.items():

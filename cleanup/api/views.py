@@ -1,13 +1,16 @@
 """One view per endpoint, each a few lines over the engine (see `cleanup.api`).
 
-May import: the engine's entry points, the models, `calls` (a backend's name), `tasks` for
+May import: the engine's entry points, the models, `calls` (a backend's name), `enqueue` for
 queueing, the API's own modules.
 """
 
 from datetime import UTC
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from django.db.models import Count, Q
+from django.db.models import Count, Model, Q, QuerySet
+from django.db.models.enums import Choices
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
@@ -15,19 +18,25 @@ from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.renderers import JSONRenderer
+from rest_framework.pagination import BasePagination
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from ..calls import MAX_BACKEND, backend_name_ok
+from ..enqueue import queue_reconcile
 from ..feed import position
 from ..manual import request_cleanup, waive
-from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunStatus
+from ..models import UNRESOLVED, CleanupStatus, ModuleHealth, Resource, ResourceState, Run, RunLog, RunStatus
 from ..plan import group_keys, plan_of_groups, unread_ids
 from ..reconcile import module_known
 from ..runner import RunQuotaExceeded, RunSpecError, RunStateError, cancel_run, start_run
 from ..sweep import CleanupRefused
-from ..tasks import queue_reconcile
 from . import params
 from . import serializers as s
 from .conditional import IF_NONE_MATCH, NOT_MODIFIED, ETagged
@@ -42,50 +51,53 @@ from .throttles import EventsThrottle, QuotaExceeded
 # instead of matching nothing.
 MAX_ID = 2**63 - 1
 
+_Row = TypeVar("_Row", bound=Model)
+
 
 class EventsAPI(IdempotentPosts):
     # Staff only, JSON in and out; `required_perms` names each method's permissions; a POST
     # with an Idempotency-Key is done once (`idempotency`). (A comment, not a docstring:
     # the schema would show it as every endpoint's description.)
 
-    permission_classes = [StaffWithPermissions]
-    throttle_classes = [EventsThrottle]
-    parser_classes = [BoundedJSONParser]
-    renderer_classes = [JSONRenderer]
+    permission_classes: list[type[BasePermission]] = [StaffWithPermissions]
+    throttle_classes: list[type[BaseThrottle]] = [EventsThrottle]
+    parser_classes: list[type[BaseParser]] = [BoundedJSONParser]
+    renderer_classes: list[type[BaseRenderer]] = [JSONRenderer]
     content_negotiation_class = params.NoFormatParameter
-    pagination_class = CursorPage
-    required_perms = {}
+    pagination_class: type[BasePagination] | None = CursorPage
+    required_perms: dict[str, list[str]] = {}
     # The query parameters a GET takes besides the paginator's; any other answers 400
     # `unknown_parameter` (`params`).
     filters: tuple[str, ...] = ()
     # A list's order (`cleanup.api.pages`): the default, and what ?ordering= may ask for.
     default_ordering = "id"
-    orderings = ()
+    orderings: tuple[str, ...] = ()
 
-    def initial(self, request, *args, **kwargs):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         # After authentication and permissions (401/403 first), and only for a method the
         # endpoint has (405 for the others, whatever their query).
-        if hasattr(self, request.method.lower()):
+        if hasattr(self, (request.method or "").lower()):
             params.check(self, request)
 
 
-def actor(request):
-    return request.user.get_username()
+def actor(request: Request) -> str:
+    username: str = request.user.get_username()
+    return username
 
 
-def api_url(request, url_name, **kwargs):
+def api_url(request: Request, url_name: str, **kwargs: object) -> str:
     """The absolute URL of the endpoint ``url_name``, under the same API (and version) as ``request``."""
     namespace = request.resolver_match.namespace if request.resolver_match else ""
     return request.build_absolute_uri(reverse(f"{namespace}:{url_name}" if namespace else url_name, kwargs=kwargs))
 
 
-def accepted(request, serializer, answer, location):
+def accepted(request: Request, serializer: type[BaseSerializer[Any]], answer: object, location: str) -> Response:
     """A 202: the work is queued; ``Location`` says what to follow, ``after`` where the feed stands."""
     return Response(serializer(answer).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location})
 
 
-def runs():
+def runs() -> QuerySet[Run]:
     """Runs with their count of unresolved rows, as every run the API shows carries it."""
     # Explicitly newest first: Meta.ordering is not applied to an aggregating query.
     return Run.objects.annotate(unresolved=Count("resources", filter=Q(resources__state__in=UNRESOLVED))).order_by(
@@ -93,13 +105,13 @@ def runs():
     )
 
 
-def get_run(pk):
+def get_run(pk: int) -> Run:
     return get_object_or_404(runs().prefetch_related("steps"), pk=pk)
 
 
-def by_choices(queryset, params, **fields):
+def by_choices(queryset: QuerySet[_Row], params: QueryDict, **fields: type[Choices]) -> QuerySet[_Row]:
     """``queryset`` narrowed by the query parameters in ``fields``, each checked against its choices."""
-    errors = {}
+    errors: dict[str, list[str]] = {}
     for field, choices in fields.items():
         value = params.get(field)
         if value is None:
@@ -119,14 +131,14 @@ BAD_BACKEND = (
 )
 
 
-def backend_checked(backend, field="backend"):
+def backend_checked(backend: str, field: str = "backend") -> str:
     """``backend`` when it can be a backend's name (`cleanup.calls.backend_name_ok`), else 400."""
     if not backend_name_ok(backend):
         raise ValidationError({field: [BAD_BACKEND]})
     return backend
 
 
-def by_backend(queryset, params):
+def by_backend(queryset: QuerySet[_Row], params: QueryDict) -> QuerySet[_Row]:
     """``queryset`` narrowed to ``?backend=`` (empty: a module's only backend), when given.
 
     As the ``module`` filter: a name no backend can have (a NUL, which PostgreSQL refuses in
@@ -142,7 +154,7 @@ def by_backend(queryset, params):
 ORDERINGS = ("id", "-id", "updated_at", "-updated_at")
 
 
-def by_updated_since(queryset, params):
+def by_updated_since(queryset: QuerySet[_Row], params: QueryDict) -> QuerySet[_Row]:
     """``queryset`` narrowed to the rows changed at or after ``?updated_since=`` (RFC 3339, with its zone)."""
     value = params.get("updated_since")
     if value is None:
@@ -181,13 +193,13 @@ PLAN_PAGE_PARAMS = [
 # -- the schema's shared parts ----------------------------------------------------------
 
 
-def errors(*codes):
+def errors(*codes: int) -> dict[int, type[BaseSerializer[Any]]]:
     """The error responses an endpoint answers besides those every operation does (those are
     added to each by `cleanup.api.schema.declare_errors`): 409 where its state can refuse."""
     return dict.fromkeys(codes, s.ErrorSerializer)
 
 
-def choice_param(name, choices, description):
+def choice_param(name: str, choices: type[Choices], description: str) -> OpenApiParameter:
     return OpenApiParameter(name, str, enum=list(choices.values), description=description)
 
 
@@ -210,7 +222,7 @@ BACKEND_PATH = OpenApiParameter(
 
 
 @extend_schema(tags=["runs"])
-class RunListView(EventsAPI, generics.ListAPIView):
+class RunListView(EventsAPI, generics.ListAPIView[Run]):
     """Listing needs `cleanup.view_run`; starting a run needs `cleanup.add_run`."""
 
     serializer_class = s.RunSerializer
@@ -219,11 +231,11 @@ class RunListView(EventsAPI, generics.ListAPIView):
     default_ordering = "-id"
     orderings = ORDERINGS
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Run]:
         params = self.request.query_params
         return by_updated_since(by_choices(runs(), params, status=RunStatus, cleanup_status=CleanupStatus), params)
 
-    def get_serializer_class(self):
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
         # OPTIONS describes the POST input with this, not the runs it lists.
         return s.RunStartSerializer if self.request and self.request.method == "POST" else s.RunSerializer
 
@@ -236,7 +248,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
         ],
         responses={200: s.RunSerializer(many=True), **errors(400, 404)},
     )
-    def get(self, request, *args, **kwargs):
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
     @extend_schema(
@@ -244,7 +256,7 @@ class RunListView(EventsAPI, generics.ListAPIView):
         request=s.RunStartSerializer,
         responses={201: s.RunDetailSerializer, **errors(400)},
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         body = request.data
         if not isinstance(body, dict):
             raise ValidationError({"non_field_errors": ['the body is a JSON object {"name", "steps"}']})
@@ -270,13 +282,13 @@ class RunListView(EventsAPI, generics.ListAPIView):
     parameters=[IF_NONE_MATCH],
     responses={200: s.RunDetailSerializer, 304: NOT_MODIFIED, **errors(404)},
 )
-class RunDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
+class RunDetailView(ETagged, EventsAPI, generics.RetrieveAPIView[Run]):
     """Needs `cleanup.view_run`."""
 
     serializer_class = s.RunDetailSerializer
     required_perms = {"GET": ["cleanup.view_run"]}
 
-    def get_object(self):
+    def get_object(self) -> Run:
         return get_run(self.kwargs["pk"])
 
 
@@ -292,7 +304,7 @@ class RunCancelView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.change_run"]}
 
-    def post(self, request, pk):
+    def post(self, request: Request, pk: int) -> Response:
         body = s.CancelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
@@ -318,7 +330,7 @@ class RunCleanupView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, pk):
+    def post(self, request: Request, pk: int) -> Response:
         body = s.CleanupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = get_object_or_404(Run, pk=pk)
@@ -348,7 +360,7 @@ class RunWaiveView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, pk):
+    def post(self, request: Request, pk: int) -> Response:
         run = get_object_or_404(Run, pk=pk)
         body = s.RunWaiveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -392,12 +404,12 @@ class RunCleanupPlanView(EventsAPI, APIView):
     required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
     filters = ("live", "cursor", "page_size")
 
-    def get(self, request, pk):
+    def get(self, request: Request, pk: int) -> Response:
         live = params.flag(request.query_params, "live")
         run = get_object_or_404(Run, pk=pk)
         keys, next_url, previous_url = page_of_keys(group_keys(run), request, "plan")
         groups = plan_of_groups(run, keys, live=live)
-        answer = {"run": run.pk, "next": next_url, "previous": previous_url, "groups": groups}
+        answer: dict[str, Any] = {"run": run.pk, "next": next_url, "previous": previous_url, "groups": groups}
         if live:
             answer["unread"] = unread_ids(groups)
         return with_links(Response(s.CleanupPlanSerializer(answer).data), next_url, previous_url)
@@ -409,7 +421,7 @@ class RunCleanupPlanView(EventsAPI, APIView):
     parameters=[choice_param("state", ResourceState, "Only rows in this state."), BACKEND_PARAM, UPDATED_SINCE],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
-class RunResourcesView(EventsAPI, generics.ListAPIView):
+class RunResourcesView(EventsAPI, generics.ListAPIView[Resource]):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer
@@ -417,7 +429,7 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
     filters = ("state", "backend", "updated_since", "ordering")
     orderings = ORDERINGS
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Resource]:
         run = get_object_or_404(Run, pk=self.kwargs["pk"])
         params = self.request.query_params
         rows = by_updated_since(run.resources.select_related("run"), params)
@@ -425,13 +437,13 @@ class RunResourcesView(EventsAPI, generics.ListAPIView):
 
 
 @extend_schema(tags=["runs"], summary="A run's log", responses={200: s.RunLogSerializer(many=True), **errors(404)})
-class RunLogView(EventsAPI, generics.ListAPIView):
+class RunLogView(EventsAPI, generics.ListAPIView[RunLog]):
     """Needs `cleanup.view_runlog`. Oldest first."""
 
     serializer_class = s.RunLogSerializer
     required_perms = {"GET": ["cleanup.view_runlog"]}
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[RunLog]:
         return get_object_or_404(Run, pk=self.kwargs["pk"]).log.order_by("id")
 
 
@@ -452,7 +464,7 @@ class RunLogView(EventsAPI, generics.ListAPIView):
     ],
     responses={200: s.ResourceSerializer(many=True), **errors(400, 404)},
 )
-class ResourceListView(EventsAPI, generics.ListAPIView):
+class ResourceListView(EventsAPI, generics.ListAPIView[Resource]):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer
@@ -460,7 +472,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
     filters = ("state", "module", "backend", "run", "updated_since", "ordering")
     orderings = ORDERINGS
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Resource]:
         params = self.request.query_params
         rows = by_choices(Resource.objects.select_related("run"), params, state=ResourceState)
         rows = by_updated_since(rows, params)
@@ -482,7 +494,7 @@ class ResourceListView(EventsAPI, generics.ListAPIView):
     parameters=[IF_NONE_MATCH],
     responses={200: s.ResourceSerializer, 304: NOT_MODIFIED, **errors(404)},
 )
-class ResourceDetailView(ETagged, EventsAPI, generics.RetrieveAPIView):
+class ResourceDetailView(ETagged, EventsAPI, generics.RetrieveAPIView[Resource]):
     """Needs `cleanup.view_resource`."""
 
     serializer_class = s.ResourceSerializer
@@ -502,7 +514,7 @@ class ResourceWaiveView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, pk):
+    def post(self, request: Request, pk: int) -> Response:
         row = get_object_or_404(Resource, pk=pk)
         body = s.WaiveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -532,7 +544,7 @@ class ModuleReconcileView(EventsAPI, APIView):
 
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
-    def post(self, request, name, backend=None):
+    def post(self, request: Request, name: str, backend: str | None = None) -> Response:
         body = s.ReconcileSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         if backend is not None:
@@ -543,7 +555,7 @@ class ModuleReconcileView(EventsAPI, APIView):
         restarted = body.validated_data["restarted"]
         after = position()
         queue_reconcile(module=name, restarted=restarted, backend=backend)
-        answer = {"module": name, "restarted": restarted, "queued": True, "after": after}
+        answer: dict[str, Any] = {"module": name, "restarted": restarted, "queued": True, "after": after}
         # What to follow: the module's log, where the reconcile's findings are written.
         location = api_url(request, "events-module-log", name=name)
         if backend is None:
@@ -565,11 +577,11 @@ class BackendReconcileView(ModuleReconcileView):
     (`"restarted": true` as after its restart: its recently given-back rows too). A module
     neither registered nor owning ledger rows answers 404; a name no backend can have, 400."""
 
-    def post(self, request, name, backend):
+    def post(self, request: Request, name: str, backend: str | None = None) -> Response:
         return super().post(request, name, backend)
 
 
-def counts(queryset, field, choices):
+def counts(queryset: QuerySet[Any], field: str, choices: type[Choices]) -> dict[str, int]:
     """How many of ``queryset`` have each value of ``field``, every choice present."""
     found = dict(queryset.order_by().values_list(field).annotate(n=Count("id")))
     return {**dict.fromkeys(choices.values, 0), **found}
@@ -583,7 +595,7 @@ class SummaryView(EventsAPI, APIView):
 
     required_perms = {"GET": ["cleanup.view_run", "cleanup.view_resource"]}
 
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         by_state = counts(Resource.objects.all(), "state", ResourceState)
         answer = {
             "runs": {
@@ -614,14 +626,14 @@ class SummaryView(EventsAPI, APIView):
 # -- the site's error pages, as JSON under /api/ ----------------------------------------
 
 
-def not_found(request, exception=None):
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """A URL no endpoint matches answers JSON under /api/, like every other API error."""
     if request.path.startswith("/api/"):
         return error_response(404)
     return defaults.page_not_found(request, exception)
 
 
-def server_error(request):
+def server_error(request: HttpRequest) -> HttpResponse:
     if request.path.startswith("/api/"):
         return error_response(500)
     return defaults.server_error(request)

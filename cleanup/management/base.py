@@ -18,6 +18,7 @@ May import: `validation` only.
 
 import argparse
 import sys
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -29,14 +30,14 @@ from .. import validation
 MAX_ID = 2**63 - 1
 
 
-def object_id(text):
+def object_id(text: str) -> int:
     """An argparse type: a whole number from 1 to the largest id the database holds."""
     if not text.isdecimal() or not 0 < int(text) <= MAX_ID:
         raise argparse.ArgumentTypeError(f"an id is a whole number from 1 to {MAX_ID}, got {text!r}")
     return int(text)
 
 
-def json_value(text):
+def json_value(text: str) -> Any:
     """An argparse type: JSON text, checked by `cleanup.validation` like a request body."""
     try:
         return validation.parse_json(text, "value")
@@ -44,7 +45,7 @@ def json_value(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def plain_text(text):
+def plain_text(text: str) -> str:
     """An argparse type: clean text (no NUL, control or bidirectional character), such as an actor."""
     problem = validation.clean_text_problem(text)
     if problem:
@@ -55,7 +56,7 @@ def plain_text(text):
 class EventCommand(BaseCommand):
     """A command that answers bad input with one line on stderr and exit status 1."""
 
-    def execute(self, *args, **options):
+    def execute(self, *args: Any, **options: Any) -> str | None:
         try:
             return super().execute(*args, **options)
         except validation.Invalid as exc:
@@ -63,7 +64,7 @@ class EventCommand(BaseCommand):
         except (DataError, ImproperlyConfigured) as exc:
             raise CommandError(one_line(exc)) from None
 
-    def run_from_argv(self, argv):
+    def run_from_argv(self, argv: list[str]) -> None:
         try:
             super().run_from_argv(argv)
         except Exception as exc:  # CommandError is handled inside; this is what escaped it
@@ -73,6 +74,6 @@ class EventCommand(BaseCommand):
             sys.exit(1)
 
 
-def one_line(exc):
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:500] or type(exc).__name__

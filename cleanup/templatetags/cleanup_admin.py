@@ -6,6 +6,8 @@ May import: `cleanup.admin.lists` and `cleanup.admin.live` (what they show), `cl
 (where alerts go), conf.
 """
 
+from typing import Any
+
 from django import template
 from django.urls import reverse
 
@@ -15,11 +17,11 @@ register = template.Library()
 
 
 @register.inclusion_tag("admin/cleanup/attention.html", takes_context=True)
-def needs_attention(context):
+def needs_attention(context: template.Context) -> dict[str, Any]:
     from ..admin.lists import attention, filtered
 
     request = context["request"]
-    counts = attention(request.user)
+    counts: dict[str, Any] = attention(request.user)
     links = {
         "incomplete_runs": reverse("admin:cleanup_run_changelist") + "?cleanup_status__exact=incomplete",
         "running_runs": reverse("admin:cleanup_run_changelist") + "?status__exact=running",
@@ -33,7 +35,7 @@ def needs_attention(context):
 
 
 @register.inclusion_tag("admin/cleanup/alerts_nowhere.html")
-def alerts_nowhere():
+def alerts_nowhere() -> dict[str, bool]:
     """Says so when no alert destination is set: staff would never be told anything."""
     from ..alerts import nowhere
 
@@ -41,13 +43,13 @@ def alerts_nowhere():
 
 
 @register.inclusion_tag("admin/cleanup/live_now.html", takes_context=True)
-def live_now(context):
+def live_now(context: template.Context) -> dict[str, Any]:
     from ..admin.live import live_now as running
 
     return running(context["request"])
 
 
 @register.inclusion_tag("admin/cleanup/live_bar.html")
-def live_bar(src):
+def live_bar(src: str) -> dict[str, Any]:
     """The bar of a page that stays current: reads ``src`` every EVENT_ADMIN_REFRESH_S while live."""
     return {"src": src, "every": setting("EVENT_ADMIN_REFRESH_S")}

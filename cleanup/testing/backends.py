@@ -16,7 +16,7 @@ from .report import Caller, Report, describe
 def resolve_backend(entry: Action | Lease, value: Any) -> tuple[str | None, str | None]:
     """What ``entry.backend_of(value)`` names, as the engine reads it: ``(backend, None)``
     or ``(None, why not)``."""
-    return calls.backend_of(entry, value, entry.id)
+    return calls.backend_of(entry, value, str(entry.id))
 
 
 def check_backend_of(
@@ -33,7 +33,7 @@ def check_backend_of(
 def health_of(entry: Action | Lease) -> Health | None:
     """The module's ``health``: the entry's own, else that of another registered entry of
     its module (the engine asks any one of them)."""
-    own = getattr(entry, "health", None)
+    own: Health | None = getattr(entry, "health", None)
     if callable(own):
         return own
     others: list[Action | Lease] = [*registry.actions().values(), *registry.leases().values()]

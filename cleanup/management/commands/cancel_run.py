@@ -3,7 +3,9 @@
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
-from django.core.management.base import CommandError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management.base import EventCommand, object_id, plain_text
 from cleanup.models import Run
@@ -13,7 +15,7 @@ from cleanup.runner import RunStateError, cancel_run
 class Command(EventCommand):
     help = "Cancel a running run; its cleanup is queued unless --no-cleanup."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run_id", type=object_id)
         parser.add_argument(
             "--no-cleanup",
@@ -22,7 +24,7 @@ class Command(EventCommand):
         )
         parser.add_argument("--actor", default="command", type=plain_text)
 
-    def handle(self, *args, run_id, no_cleanup=False, actor="command", **options):
+    def handle(self, *args: Any, run_id: int, no_cleanup: bool = False, actor: str = "command", **options: Any) -> None:
         try:
             run = cancel_run(run_id, cleanup=not no_cleanup, actor=actor)
         except Run.DoesNotExist:

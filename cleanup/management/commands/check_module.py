@@ -4,21 +4,22 @@ May import: the engine's entry points and the models: the work is theirs, not th
 """
 
 import json
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup import calls, registry, testing
 from cleanup.management.base import EventCommand
 
 
-def _json(text, what):
+def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CommandError(f"{what} is not JSON: {exc}") from None
 
 
-def _value(text):
+def _value(text: str) -> Any:
     """``--value 5`` is the number 5, ``--value '"5"'`` the string; text that is no JSON is a string."""
     try:
         return json.loads(text)
@@ -29,7 +30,7 @@ def _value(text):
 class Command(EventCommand):
     help = "Check that an action or a lease keeps the module contract, against its real backend."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("id", help="an action id (with --params) or a lease id (with --target and --value)")
         parser.add_argument("--params", help="the action's params, a JSON object (default {})")
         parser.add_argument("--target", help="the lease's target")
@@ -48,33 +49,32 @@ class Command(EventCommand):
 
     def handle(
         self,
-        *args,
-        id,
-        params=None,
-        target=None,
-        value=None,
-        other_value=None,
-        no_outage=False,
-        backend=None,
-        **options,
-    ):
+        *args: Any,
+        id: str,
+        params: str | None = None,
+        target: str | None = None,
+        value: str | None = None,
+        other_value: str | None = None,
+        no_outage: bool = False,
+        backend: str | None = None,
+        **options: Any,
+    ) -> None:
         outage = None if no_outage else testing.network_down
         if backend is not None and not calls.backend_name_ok(backend):
             raise CommandError(
                 f"--backend {backend!r}: a backend's name is text of at most 100 characters, without '/'"
             )
-        if registry.get_action(id) is not None:
+        action, lease = registry.get_action(id), registry.get_lease(id)
+        if action is not None:
             parsed = _json(params, "--params") if params is not None else {}
             if not isinstance(parsed, dict):
                 raise CommandError("--params must be a JSON object")
-            report = testing.run_action_checks(registry.get_action(id), parsed, outage=outage, backend=backend)
-        elif registry.get_lease(id) is not None:
+            report = testing.run_action_checks(action, parsed, outage=outage, backend=backend)
+        elif lease is not None:
             if target is None or value is None:
                 raise CommandError(f"{id} is a lease: give --target and --value")
             other = _value(other_value) if other_value is not None else None
-            report = testing.run_lease_checks(
-                registry.get_lease(id), target, _value(value), other=other, outage=outage, backend=backend
-            )
+            report = testing.run_lease_checks(lease, target, _value(value), other=other, outage=outage, backend=backend)
         else:
             known = ", ".join(sorted([*registry.actions(), *registry.leases()])) or "none"
             raise CommandError(f"no module registers an action or a lease {id!r} (registered: {known})")

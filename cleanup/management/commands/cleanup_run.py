@@ -3,7 +3,9 @@
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
-from django.core.management.base import CommandError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, Min
 from django.utils import timezone
 
@@ -20,7 +22,7 @@ class Command(EventCommand):
         "for their backoff wait, unless --now; rows at the ceiling need --reset."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run_id", type=object_id)
         parser.add_argument(
             "--reset",
@@ -34,7 +36,9 @@ class Command(EventCommand):
         )
         parser.add_argument("--actor", default=None, type=plain_text, help="who asks (logged with --reset)")
 
-    def handle(self, *args, run_id, reset=False, now=False, actor=None, **options):
+    def handle(
+        self, *args: Any, run_id: int, reset: bool = False, now: bool = False, actor: str | None = None, **options: Any
+    ) -> None:
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"there is no run {run_id}")
@@ -54,7 +58,7 @@ class Command(EventCommand):
         )
         self.say_what_waits(run)
 
-    def say_what_waits(self, run):
+    def say_what_waits(self, run: Run) -> None:
         rows, ceiling = Resource.objects.filter(run=run), max_revert_attempts()
         waiting = rows.waiting_for_backoff(timezone.now(), ceiling)
         waiting = waiting.aggregate(n=Count("id"), until=Min("next_attempt_at"))

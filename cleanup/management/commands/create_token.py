@@ -3,8 +3,10 @@
 May import: `cleanup.api.tokens` and conf: the token's making is theirs, not the command's.
 """
 
+from typing import Any
+
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from cleanup.api.tokens import issue
 from cleanup.conf import BY_NAME, setting
@@ -18,12 +20,12 @@ class Command(BaseCommand):
         "--ttl days (default EVENT_TOKEN_TTL_DAYS); revoke it in the admin's API tokens."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username", help="the user the token authenticates as")
         parser.add_argument("--ttl", type=int, metavar="DAYS", help=f"days until it expires ({TTL.low}-{TTL.high})")
 
-    def handle(self, *args, username, ttl=None, **options):
-        if ttl is not None and not TTL.low <= ttl <= TTL.high:
+    def handle(self, *args: Any, username: str, ttl: int | None = None, **options: Any) -> None:
+        if ttl is not None and TTL.low is not None and TTL.high is not None and not TTL.low <= ttl <= TTL.high:
             raise CommandError(f"--ttl must be {TTL.low} to {TTL.high} days, not {ttl}")
         user = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()
         if user is None:

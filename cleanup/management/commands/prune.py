@@ -4,15 +4,16 @@ May import: the engine's entry points: the work is theirs, not the command's.
 """
 
 import argparse
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.conf import setting
 from cleanup.management.base import EventCommand
 from cleanup.retention import Archive, prune
 
 
-def days(text):
+def days(text: str) -> int:
     if not text.isdecimal() or int(text) > 36_500:
         raise argparse.ArgumentTypeError(f"days is a whole number from 0 to 36500, got {text!r}")
     return int(text)
@@ -25,7 +26,7 @@ class Command(EventCommand):
         "modules' log and sent alerts older than that."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--dry-run", action="store_true", help="say what would be deleted and delete nothing")
         parser.add_argument(
             "--older-than",
@@ -39,7 +40,14 @@ class Command(EventCommand):
             help="append what is deleted to FILE first, one JSON object per run and line (gzip when it ends in .gz)",
         )
 
-    def handle(self, *args, dry_run=False, older_than=None, archive=None, **options):
+    def handle(
+        self,
+        *args: Any,
+        dry_run: bool = False,
+        older_than: int | None = None,
+        archive: str | None = None,
+        **options: Any,
+    ) -> None:
         window = setting("EVENT_RETENTION_DAYS") if older_than is None else older_than
         if not window:
             self.stdout.write("retention is 0 days (keep everything): nothing to prune")

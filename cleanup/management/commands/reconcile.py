@@ -3,7 +3,9 @@
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
-from django.core.management.base import CommandError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management.base import EventCommand, plain_text
 from cleanup.reconcile import UnknownModule, reconcile_all, reconcile_module
@@ -12,7 +14,7 @@ from cleanup.reconcile import UnknownModule, reconcile_all, reconcile_module
 class Command(EventCommand):
     help = "Ask modules which ledgered resources are still in the world."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--module", type=plain_text, help="reconcile this module only (default: every module)")
         parser.add_argument(
             "--restarted",
@@ -20,7 +22,7 @@ class Command(EventCommand):
             help="as after a backend restart: also ask about recently given-back resources",
         )
 
-    def handle(self, *args, module=None, restarted=False, **options):
+    def handle(self, *args: Any, module: str | None = None, restarted: bool = False, **options: Any) -> None:
         if module is not None:
             try:
                 summary = reconcile_module(module, restarted=restarted)

@@ -3,7 +3,9 @@
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
-from django.core.management.base import CommandError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management.base import EventCommand
 from cleanup.manual import waive
@@ -15,7 +17,7 @@ MAX_ID = 2**63 - 1  # the largest id the database holds
 class Command(EventCommand):
     help = "Resolve unresolved ledger rows by hand (waived), with a reason and who decided."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run_id", nargs="?", type=int, help="waive every unresolved row of this run")
         parser.add_argument(
             "--row",
@@ -28,7 +30,15 @@ class Command(EventCommand):
         parser.add_argument("--reason", required=True, help="why nobody will give it back")
         parser.add_argument("--actor", required=True, help="who decided (logged)")
 
-    def handle(self, *args, run_id=None, rows=None, reason, actor, **options):
+    def handle(
+        self,
+        *args: Any,
+        run_id: int | None = None,
+        rows: list[int] | None = None,
+        reason: str,
+        actor: str,
+        **options: Any,
+    ) -> None:
         if (run_id is None) == (not rows):
             raise CommandError("give either a RUN_ID or --row ID, not both and not neither")
         if not reason.strip():
@@ -40,10 +50,11 @@ class Command(EventCommand):
                 raise CommandError(f"there is no run {run_id}")
             found = list(Resource.objects.filter(run_id=run_id).unresolved())
         else:
-            if any(not 1 <= pk <= MAX_ID for pk in rows):
+            ids = rows or []
+            if any(not 1 <= pk <= MAX_ID for pk in ids):
                 raise CommandError(f"a ledger row id is a whole number from 1 to {MAX_ID}")
-            found = list(Resource.objects.filter(pk__in=rows))
-            missing = sorted(set(rows) - {r.pk for r in found})
+            found = list(Resource.objects.filter(pk__in=ids))
+            missing = sorted(set(ids) - {r.pk for r in found})
             if missing:
                 raise CommandError(f"there is no ledger row {', '.join(map(str, missing))}")
         waived = waive(found, reason, actor.strip())
