@@ -11,6 +11,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
 from tests.demo import Demo
 
 pytestmark = pytest.mark.slow
@@ -40,8 +41,8 @@ def group_gone(pgid, seconds=10):
     return False
 
 
-def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
-    demo = Demo(tmp_path, story=False)
+def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path, scratch_database):  # noqa: F811
+    demo = Demo(tmp_path, story=False, database_url=scratch_database)
     try:
         ready = demo.read_until("ready: admin", 120)
         demo.read_until("shards: north", 10)
@@ -77,8 +78,8 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
-    demo = Demo(tmp_path, story=True)
+def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path, scratch_database):  # noqa: F811
+    demo = Demo(tmp_path, story=True, database_url=scratch_database)
     try:
         demo.read_until("the story is told", 300)
     finally:
@@ -108,4 +109,4 @@ def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
     # Staff were told, by the demo's own webhook, signed: the wolf hunt that gave up, south's outage.
     assert "alert sent to staff (webhook, signature checked): cleanup.gave_up, run" in told
     assert "alert sent to staff (webhook, signature checked): module.down, sandbox/south" in told
-    assert re.search(r"by hand: env -u DATABASE_URL .*SANDBOX_SHARDS=\S+ .*manage.py cleanup_run \d+ --reset", told)
+    assert re.search(r"by hand: env DATABASE_URL=\S+ .*SANDBOX_SHARDS=\S+ .*manage.py cleanup_run \d+ --reset", told)
