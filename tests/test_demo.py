@@ -45,6 +45,8 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path, scratch_datab
     demo = Demo(tmp_path, story=False, database_url=scratch_database)
     try:
         ready = demo.read_until("ready: admin", 120)
+        # Its first line says which database: here the scratch one the test gave it.
+        assert demo.lines[0].strip() == f"demo: database: DATABASE_URL ({scratch_database.rpartition('@')[2]})"
         demo.read_until("shards: north", 10)
         pids = {m[0]: int(m[1]) for m in re.findall(r"started ([\w-]+) \(pid (\d+)\)", "".join(demo.lines))}
         assert set(pids) == {"shard-north", "shard-south", "cluster", "web"}
@@ -64,6 +66,7 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path, scratch_datab
         assert runs.status_code == 200, "the printed command made its token in another database"
         env_file = (tmp_path / "demo-env.sh").read_text()
         assert f"export SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in env_file
+        assert f"export DATABASE_URL={scratch_database}" in env_file
     finally:
         rest = demo.stop()
 
