@@ -36,7 +36,7 @@ format: $(STAMP)
 # Everything on 127.0.0.1, on the database `make test` would pick (the embedded PostgreSQL
 # when none is set or answers, its data in var/pg); Ctrl-C stops it all. See bin/demo.
 demo: $(STAMP)
-	$(PY) bin/demo
+	@$(PY) bin/demo
 
 # `manage.py bench` (the site's app eventsite/bench/): the sweep beside a plain-SQL sweep
 # and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
