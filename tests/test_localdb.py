@@ -68,6 +68,10 @@ def var_dir():
     temporary directories are closed to others); its server stopped and removed after."""
     top = Path(tempfile.mkdtemp(prefix="eventsite-var-"))
     top.chmod(0o755)
+    closed = localdb.EmbeddedPostgres(top / "pg").closed_to()
+    if closed is not None:  # a checkout under /root, say: the server, run as nobody, cannot reach its programs
+        shutil.rmtree(top)
+        pytest.skip(f"the embedded PostgreSQL's account may not enter {closed}")
     yield top
     localdb.EmbeddedPostgres(top / "pg").remove()
     shutil.rmtree(top)
@@ -185,3 +189,16 @@ def test_a_test_session_with_nothing_to_connect_to_runs_on_the_embedded_server(v
     assert lines[1].startswith("database: embedded PostgreSQL 18."), lines[:3]
     assert "passed" in lines[-2] and lines[-1] == "database: embedded PostgreSQL stopped"
     assert localdb.EmbeddedPostgres(var_dir / "pg").running_port() is None
+
+
+def test_a_data_directory_the_servers_account_may_not_reach_is_refused_naming_it():
+    if os.geteuid() != 0:
+        pytest.skip("only root's embedded server runs as another account")
+    closed = Path(tempfile.mkdtemp(prefix="eventsite-closed-"))  # 0700, root's
+    try:
+        server = localdb.EmbeddedPostgres(closed / "var" / "pg")
+        with pytest.raises(localdb.EmbeddedPostgresError, match=f"runs as nobody .* may not enter {closed}: allow it"):
+            server.start()
+        assert not (closed / "var").exists()
+    finally:
+        shutil.rmtree(closed)

@@ -227,16 +227,30 @@ class EmbeddedPostgres:
 
     # -- making, starting, stopping ------------------------------------------------------------
 
-    def _check_reachable(self, account: pwd.struct_passwd) -> None:
-        """The account must pass through every directory above the data directory."""
-        for parent in self.data_dir.parents:
-            mode = parent.stat()
-            if parent.stat().st_uid != account.pw_uid and not mode.st_mode & stat.S_IXOTH:
-                raise EmbeddedPostgresError(
-                    f"the embedded PostgreSQL runs as {account.pw_name} (PostgreSQL does not run as root), which "
-                    f"cannot enter {parent}: allow it (chmod o+x {parent}) or put the data elsewhere "
-                    f"(EVENTSITE_VAR_DIR)"
-                )
+    def closed_to(self) -> Path | None:
+        """The first directory above the data directory or the wheel's programs that the
+        account the server runs as may not pass through; None when there is none, or when
+        the server runs as the caller."""
+        account = self._account()
+        if account is None:
+            return None
+        for path in (self.data_dir, binaries()):
+            for parent in path.parents:
+                if not parent.exists():
+                    continue
+                found = parent.stat()
+                if found.st_uid != account.pw_uid and not found.st_mode & stat.S_IXOTH:
+                    return parent
+        return None
+
+    def _check_reachable(self) -> None:
+        closed = self.closed_to()
+        if closed is not None:
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL runs as {self.user} (PostgreSQL does not run as root), which may not "
+                f"enter {closed}: allow it (chmod o+x {closed}), or keep the checkout (its .venv) and its var/ "
+                "(EVENTSITE_VAR_DIR) where others may pass"
+            )
 
     def _initdb(self) -> None:
         if (self.data_dir / "PG_VERSION").exists():
@@ -246,7 +260,6 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         account = self._account()
         if account is not None:
-            self._check_reachable(account)
             os.chown(self.data_dir, account.pw_uid, account.pw_gid)
         self.data_dir.chmod(0o700)
         self._run(
@@ -291,9 +304,7 @@ class EmbeddedPostgres:
         """Make the data directory if need be and start the server, or join the one running;
         answers the URL of the database ``eventsite`` (made when missing)."""
         began = time.monotonic()
-        account = self._account()
-        if account is not None and self.data_dir.exists():
-            self._check_reachable(account)
+        self._check_reachable()
         with self._locked() as users:
             self.port = self.running_port()
             if self.port is None:
