@@ -202,3 +202,12 @@ def test_a_data_directory_the_servers_account_may_not_reach_is_refused_naming_it
         assert not (closed / "var").exists()
     finally:
         shutil.rmtree(closed)
+
+
+def test_a_postmaster_pid_left_behind_by_a_machine_that_died_is_not_a_running_server(tmp_path):
+    data = tmp_path / "pg"
+    data.mkdir()
+    # Its pid now belongs to another live process (this one), as after a restart.
+    lines = [str(os.getpid()), str(data), "1700000000", "41234", "", "127.0.0.1", "0 0", "ready"]
+    (data / "postmaster.pid").write_text("\n".join(lines) + "\n")
+    assert localdb.EmbeddedPostgres(data).running_port() is None

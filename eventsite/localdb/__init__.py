@@ -221,9 +221,20 @@ class EmbeddedPostgres:
             lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
         except (FileNotFoundError, PermissionError):
             return None
-        if len(lines) < 8 or not lines[0].strip().isdecimal() or not _alive(int(lines[0])):
+        if len(lines) < 8 or not lines[0].strip().isdecimal() or not self._serves(int(lines[0])):
             return None
         return int(lines[3]) if lines[3].strip().isdecimal() and lines[7].strip() == "ready" else None
+
+    def _serves(self, pid: int) -> bool:
+        """Whether ``pid`` is a server on this data directory (not a process that took the pid
+        of one that died with the machine, its postmaster.pid left behind)."""
+        if not _alive(pid):
+            return False
+        try:
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return True  # no /proc to ask: alive is all there is to know
+        return os.fsencode(str(self.data_dir)) in arguments
 
     # -- making, starting, stopping ------------------------------------------------------------
 
