@@ -23,8 +23,8 @@ def check_database_is_postgresql(app_configs=None, **kwargs):
                 checks.Error(
                     f"The database {alias!r} is {vendor} ({database.get('ENGINE')}); the app runs on PostgreSQL only.",
                     hint="Point it at a PostgreSQL server, 15 or later: set DATABASE_URL, such as "
-                    "postgres://user:password@host:5432/eventsite (a site of its own sets DATABASES). "
-                    "`make test` and `make demo` start an embedded PostgreSQL when none is set or answers.",
+                    "postgres://user:password@host:5432/events, where the site's settings read it, "
+                    "else DATABASES itself.",
                     id="cleanup.E020",
                 )
             )
