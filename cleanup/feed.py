@@ -29,8 +29,8 @@ FEED_KINDS = ("run", "module")
 
 def _locked_sequence() -> FeedSequence:
     """The `FeedSequence` row, locked for this transaction (made when missing)."""
-    # The UPDATE takes the row's lock on PostgreSQL and the write lock on SQLite before
-    # anything is read, so two stampers never number from the same place.
+    # The UPDATE takes the row's lock before anything is read, so two stampers never
+    # number from the same place.
     if not FeedSequence.objects.filter(pk=1).update(last=F("last")):
         highest = max(
             RunLog.objects.aggregate(m=Max("seq"))["m"] or 0,

@@ -187,11 +187,7 @@ def _delete_of_runs(model, ids, column="run_id"):
     """
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", [list(ids)])
-        else:
-            marks = ", ".join(["%s"] * len(ids))
-            cursor.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", list(ids))
+        cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", [list(ids)])
         return cursor.rowcount
 
 

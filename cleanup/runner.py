@@ -61,8 +61,8 @@ class RunQuotaExceeded(RunSpecError):
     retry_after_s = 60
 
 
-# The advisory lock that makes the count of running runs and a start one step on
-# PostgreSQL: two starts at the quota's edge cannot both see room for one more.
+# The advisory lock that makes the count of running runs and a start one step: two starts
+# at the quota's edge cannot both see room for one more.
 QUOTA_LOCK = 0x6576_5175  # "evQu"
 
 
@@ -74,9 +74,8 @@ def _count_running(actor):
 
 def _check_quota(actor):
     """Refuse a start past either quota (`RunQuotaExceeded`); called inside the start's transaction."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [QUOTA_LOCK])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [QUOTA_LOCK])
     in_all, by_actor = _count_running(actor)
     most, most_each = setting("EVENT_MAX_RUNNING_RUNS"), setting("EVENT_MAX_RUNNING_RUNS_PER_USER")
     if in_all >= most:

@@ -227,31 +227,22 @@ TEMPLATES = [
 WSGI_APPLICATION = "eventsite.wsgi.application"
 
 
+# The app runs on PostgreSQL only (the system check cleanup.E020 refuses any other engine).
+# Unset, DATABASE_URL is the local PostgreSQL; `make test` and `make demo` set it to the
+# database they pick or start (eventsite/localdb).
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/eventsite"
+
+
 def _database():
-    url = os.environ.get("DATABASE_URL", "").strip()
-    if url:
-        try:
-            config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
-        except (ValueError, dj_database_url.UnknownSchemeError) as exc:
-            raise ImproperlyConfigured(f"DATABASE_URL cannot be read: {exc}") from None
-        # Behind PgBouncer in transaction mode a connection's server changes between
-        # transactions: no server-side cursors, and no prepared statements for the finder.
-        if env_bool("DATABASE_TRANSACTION_POOLER", False):
-            config["DISABLE_SERVER_SIDE_CURSORS"] = True
-    else:
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "eventsite.sqlite3"}
-    if config["ENGINE"] == "django.db.backends.sqlite3":
-        # Several writers (web server, cluster workers, commands) share the file: each
-        # write transaction takes the lock up front and waits for it instead of failing
-        # half-way with "database is locked".
-        config.setdefault("OPTIONS", {}).update(
-            {
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            }
-        )
+    url = os.environ.get("DATABASE_URL", "").strip() or DEFAULT_DATABASE_URL
+    try:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    except (ValueError, dj_database_url.UnknownSchemeError) as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL cannot be read: {exc}") from None
+    # Behind PgBouncer in transaction mode a connection's server changes between
+    # transactions: no server-side cursors, and no prepared statements for the finder.
+    if env_bool("DATABASE_TRANSACTION_POOLER", False):
+        config["DISABLE_SERVER_SIDE_CURSORS"] = True
     return config
 
 

@@ -19,9 +19,7 @@ def pytest_collection_modifyitems(items):
 
 def pytest_report_header(config):
     db = settings.DATABASES["default"]
-    engine = db["ENGINE"].rsplit(".", 1)[-1]
-    where = f"{db.get('HOST') or 'local'}:{db.get('PORT') or ''}" if engine != "sqlite3" else db["NAME"]
-    return f"database: {engine} ({where})"
+    return f"database: PostgreSQL at {db.get('HOST') or 'local'}:{db.get('PORT') or ''} ({db['TEST']['NAME']})"
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ def free_port():
 
 
 class Demo:
-    def __init__(self, var_dir, story):
+    def __init__(self, var_dir, story, database_url):
         self.web, self.shard, self.shard2 = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.web}"
         self.shards = {"north": f"http://127.0.0.1:{self.shard}", "south": f"http://127.0.0.1:{self.shard2}"}
@@ -29,8 +29,8 @@ class Demo:
             "DEMO_SHARD_PORT": str(self.shard),
             "DEMO_SHARD2_PORT": str(self.shard2),
             "EVENTSITE_VAR_DIR": str(var_dir),
+            "DATABASE_URL": database_url,
         }
-        env.pop("DATABASE_URL", None)
         self.lines = []
         self.process = subprocess.Popen(
             ["make", "-s", "demo"],

@@ -11,18 +11,14 @@ os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-not-for-deployment-0123456789")
 
 from eventsite.settings import *  # noqa: E402,F403
-from eventsite.settings import DATABASES, Q_CLUSTER, VAR_DIR  # noqa: E402
+from eventsite.settings import DATABASES, Q_CLUSTER  # noqa: E402
 
 Q_CLUSTER = {**Q_CLUSTER, "sync": True}
 
-# One test database per test process, so that two test runs on one machine (a developer's
-# and CI's) never share one; on SQLite a file, so that the threads and processes of a
-# test see the same database.
+# One test database per test process, so that two test runs on one server (a developer's
+# and CI's) never share one.
 _db = DATABASES["default"]
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-eventsite-{os.getpid()}.sqlite3")}
-else:
-    _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{os.getpid()}"}
+_db["TEST"] = {"NAME": f"test_{_db['NAME']}_{os.getpid()}"}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # The suite makes many requests as one user in a few seconds (schemathesis, the access

@@ -206,13 +206,9 @@ def test_a_transition_is_told_once_by_whichever_notice_claims_it(giving_up):
     assert len(mail.outbox) == 1
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_several_sweepers_tell_one_transition_once(settings):
-    from django.db import connection
 
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL for concurrent connections")
     settings.ADMINS = ADMINS
     run = make_run(status=RunStatus.ABORTED, name="raced")
     make_rows(make_step(run), ["orc-1"], placeholder=False)

@@ -79,7 +79,6 @@ def test_the_feed_needs_both_logs_permissions():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="two writers at once need PostgreSQL")
 def test_an_entry_committed_late_is_listed_after_what_was_already_read(console):
     """A long transaction's entry takes its id first but commits last: a reader that read on
     from the highest id it saw still gets it."""

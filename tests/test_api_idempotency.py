@@ -5,7 +5,6 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
@@ -222,10 +221,6 @@ def test_the_schema_offers_the_header_and_its_answers_on_every_post(api):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-    reason="needs PostgreSQL: requests racing on their own connections",
-)
 def test_ten_parallel_starts_with_one_key_make_one_run_and_all_answer_it(monkeypatch):
     _row, token = issue(user_with("add_run", "view_run"))
     real = runner.start_run

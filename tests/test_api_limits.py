@@ -163,10 +163,6 @@ def test_a_rate_in_the_environment_is_checked(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-    reason="needs PostgreSQL: starts racing on their own connections",
-)
 @override_settings(EVENT_MAX_RUNNING_RUNS=3)
 def test_parallel_starts_at_the_quotas_edge_never_pass_it(monkeypatch):
     real = runner._count_running

@@ -17,10 +17,6 @@ from eventsite.bench import plain_sql
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-        reason="the bench measures PostgreSQL",
-    ),
 ]
 
 

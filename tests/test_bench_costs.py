@@ -15,10 +15,6 @@ from tests.test_bench import scratch, scratch_name  # noqa: F401 (fixtures)
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-        reason="the bench measures PostgreSQL",
-    ),
 ]
 
 NS = settings.EVENT_METRICS_NAMESPACE

@@ -7,19 +7,12 @@ figures (and whether they meet the issue's targets) belong to the benchmark itse
 from io import StringIO
 
 import pytest
-from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from tests.test_bench_night import night, rows_of, scratch  # noqa: F401  (the fixture)
 
-postgresql = pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-    reason="the bench measures PostgreSQL",
-)
-
 
 @pytest.mark.slow
-@postgresql
 def test_a_fleet_night_gives_back_every_row_of_every_shard_and_prints_the_figures(scratch):  # noqa: F811
     result = night(
         "--fleet",

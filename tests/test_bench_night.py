@@ -17,10 +17,6 @@ from tests.test_bench import server_url
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-        reason="the bench measures PostgreSQL",
-    ),
 ]
 
 

@@ -63,7 +63,6 @@ def test_statements_per_group_fall_as_the_batch_grows(marked):
 
     # 250 groups (1,000 rows) in one batch: a few set-based statements, not a few per group;
     # besides them, one statement per wave of calls started together marks them called.
-    # (SQLite splits a long insert in chunks of its parameter limit; PostgreSQL does not.)
     before = len(marked)
     with CaptureQueriesContext(connection) as captured:
         sweep()

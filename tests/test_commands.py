@@ -5,6 +5,7 @@ from django.core.management import CommandError, call_command
 
 from cleanup import registry
 from cleanup.models import RunStatus
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
 
 pytestmark = pytest.mark.django_db
@@ -65,15 +66,14 @@ def test_reconcile_of_one_module_prints_its_summary():
 
 
 @pytest.mark.slow
-def test_commands_exit_non_zero_from_the_shell(tmp_path):
+def test_commands_exit_non_zero_from_the_shell(tmp_path, scratch_database):  # noqa: F811
     import os
     import subprocess
     import sys
 
     from django.conf import settings
 
-    env = {**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path)}
-    env.pop("DATABASE_URL", None)
+    env = {**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "DATABASE_URL": scratch_database}
     base = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     subprocess.run([*base, "migrate", "-v0"], env=env, check=True, timeout=120)
     result = subprocess.run([*base, "cleanup_run", "42"], env=env, capture_output=True, text=True, timeout=60)

@@ -18,13 +18,12 @@ MANAGE = [sys.executable, str(settings.BASE_DIR / "manage.py")]
 
 @pytest.fixture(scope="module")
 def shell(tmp_path_factory):
-    """Runs manage.py in a fresh process on an empty SQLite file; answers (code, stderr).
+    """Runs manage.py in a fresh process with an empty var/; answers (code, stderr).
 
     Every input here is refused before the database is used.
     """
     var = tmp_path_factory.mktemp("var")
     env = {**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(var), "DJANGO_SETTINGS_MODULE": "eventsite.settings"}
-    env.pop("DATABASE_URL", None)
 
     def run(*args, **extra_env):
         merged = {**env, **extra_env}

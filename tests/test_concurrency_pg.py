@@ -21,10 +21,6 @@ from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-        reason="needs PostgreSQL: claims between processes are a PostgreSQL matter",
-    ),
 ]
 
 

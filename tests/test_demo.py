@@ -11,6 +11,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
 from tests.demo import Demo
 
 pytestmark = pytest.mark.slow
@@ -40,10 +41,12 @@ def group_gone(pgid, seconds=10):
     return False
 
 
-def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
-    demo = Demo(tmp_path, story=False)
+def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path, scratch_database):  # noqa: F811
+    demo = Demo(tmp_path, story=False, database_url=scratch_database)
     try:
         ready = demo.read_until("ready: admin", 120)
+        # Its first line says which database: here the scratch one the test gave it.
+        assert demo.lines[0].strip() == f"demo: database: DATABASE_URL ({scratch_database.rpartition('@')[2]})"
         demo.read_until("shards: north", 10)
         pids = {m[0]: int(m[1]) for m in re.findall(r"started ([\w-]+) \(pid (\d+)\)", "".join(demo.lines))}
         assert set(pids) == {"shard-north", "shard-south", "cluster", "web"}
@@ -63,6 +66,7 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
         assert runs.status_code == 200, "the printed command made its token in another database"
         env_file = (tmp_path / "demo-env.sh").read_text()
         assert f"export SANDBOX_SHARDS=north={demo.shards['north']},south={demo.shards['south']}" in env_file
+        assert f"export DATABASE_URL={scratch_database}" in env_file
     finally:
         rest = demo.stop()
 
@@ -77,8 +81,8 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
-    demo = Demo(tmp_path, story=True)
+def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path, scratch_database):  # noqa: F811
+    demo = Demo(tmp_path, story=True, database_url=scratch_database)
     try:
         demo.read_until("the story is told", 300)
     finally:
@@ -108,4 +112,4 @@ def test_the_story_takes_south_down_while_norths_runs_are_given_back(tmp_path):
     # Staff were told, by the demo's own webhook, signed: the wolf hunt that gave up, south's outage.
     assert "alert sent to staff (webhook, signature checked): cleanup.gave_up, run" in told
     assert "alert sent to staff (webhook, signature checked): module.down, sandbox/south" in told
-    assert re.search(r"by hand: env -u DATABASE_URL .*SANDBOX_SHARDS=\S+ .*manage.py cleanup_run \d+ --reset", told)
+    assert re.search(r"by hand: env DATABASE_URL=\S+ .*SANDBOX_SHARDS=\S+ .*manage.py cleanup_run \d+ --reset", told)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
 from tests.demo import Demo
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
@@ -34,8 +35,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def demo(tmp_path):
-    demo = Demo(tmp_path, story=True)
+def demo(tmp_path, scratch_database):  # noqa: F811
+    demo = Demo(tmp_path, story=True, database_url=scratch_database)
     try:
         demo.read_until("the story is told", 240)
         demo.password = re.search(r"user demo\s+password (\S+)", "".join(demo.lines))[1]

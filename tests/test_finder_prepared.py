@@ -15,14 +15,8 @@ def prepared():
         return cursor.fetchall()
 
 
-@pytest.fixture
-def postgresql_only():
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: prepared statements are a PostgreSQL matter")
-
-
 @pytest.mark.django_db
-def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan(postgresql_only):
+def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan():
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
     runs_needing_cleanup(timezone.now(), 20)  # prepared now, if an earlier test has not
@@ -37,7 +31,7 @@ def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan(postgresql_only)
 
 
 @pytest.mark.django_db
-def test_a_site_behind_a_transaction_pooler_prepares_nothing(postgresql_only, monkeypatch):
+def test_a_site_behind_a_transaction_pooler_prepares_nothing(monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
@@ -86,7 +80,7 @@ def test_database_transaction_pooler_turns_server_side_statements_off(tmp_path):
 
 
 @pytest.mark.django_db
-def test_the_finders_generic_plan_walks_the_index_of_owing_rows(postgresql_only):
+def test_the_finders_generic_plan_walks_the_index_of_owing_rows():
     """A generic plan cannot match a partial index against a parameter: the rules' constants
     are literals, so the skip scan reads ``finder_owing_run_idx``, not every row's run id."""
     import re
@@ -126,7 +120,7 @@ def test_the_finders_generic_plan_walks_the_index_of_owing_rows(postgresql_only)
 
 
 @pytest.mark.django_db
-def test_a_site_whose_orm_binds_on_the_server_prepares_nothing_of_its_own(postgresql_only, monkeypatch):
+def test_a_site_whose_orm_binds_on_the_server_prepares_nothing_of_its_own(monkeypatch):
     # There the session's generic plans would reach every ORM query: the sweep stays out of it.
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
 

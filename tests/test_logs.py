@@ -100,7 +100,6 @@ def _manage(env_extra, code, command=None):
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "eventsite.settings",
         "DEBUG": "1",
-        "DATABASE_URL": f"sqlite:///{ROOT}/var/test-logs-{os.getpid()}.sqlite3",
     }
     env.update(env_extra)
     return subprocess.run(

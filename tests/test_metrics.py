@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup import counters, outages, registry
 from cleanup.models import Counter, ModuleHealth, Resource, Run
 from cleanup.sweep import sweep
+from tests.databases import server_url
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 
 pytestmark = pytest.mark.django_db
@@ -146,12 +147,9 @@ def test_counters_add_up_across_flushes_and_are_not_lost_when_the_write_fails(mo
     assert Counter.objects.get(name="sweep_passes_total").value == 5
 
 
-@pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_what_another_process_counted_is_in_this_processs_scrape(client, settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: two processes on one test database")
     counters.add("sweep_passes_total", amount=2)
     counters.flush()
     name = connection.settings_dict["NAME"]
@@ -164,7 +162,7 @@ def test_what_another_process_counted_is_in_this_processs_scrape(client, setting
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "eventsite.settings",
         "DEBUG": "1",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{name}",
+        "DATABASE_URL": server_url(name),
     }
     done = subprocess.run(
         [sys.executable, "manage.py", "shell", "--no-imports", "-c", code],

@@ -27,8 +27,6 @@ def test_the_database_refuses_an_attempt_count_beyond_the_ceiling():
 def test_the_ledger_is_vacuumed_after_one_percent_of_its_rows_changed():
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: autovacuum is a PostgreSQL matter")
     with connection.cursor() as cursor:
         cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname IN ('cleanup_resource', 'cleanup_run')")
         options = dict(cursor.fetchall())

@@ -95,13 +95,9 @@ def test_a_gave_up_entry_is_not_told_as_a_change(module):
     assert alerts.notice() == 0 and not Alert.objects.exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_several_senders_tell_one_module_change_once(settings):
-    from django.db import connection
 
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL for concurrent connections")
     settings.ADMINS = ADMINS
     outages.mark_down("test", by="alice", reason="deploy")
     outages.mark_up("test", by="bob")

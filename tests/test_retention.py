@@ -232,16 +232,12 @@ def _command(*args):
     return out.getvalue().strip()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_pruning_passes_over_a_run_another_worker_holds_and_never_waits_for_it():
     import threading
 
-    from django.conf import settings
     from django.db import connections, transaction
 
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
-        pytest.skip("needs PostgreSQL: SKIP LOCKED is a PostgreSQL matter")
     held, free = ended_run(200), ended_run(200)
     locked, done = threading.Event(), threading.Event()
 

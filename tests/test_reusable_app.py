@@ -1,13 +1,14 @@
 """The app installs into another Django project: built as a wheel, included under its own prefix.
 
 A minimal studio back office is written to a temporary directory: its own settings and
-urls, one module of its own, and the `cleanup` app installed from a wheel built from this
-repository (into a directory of its own, ahead of everything else on the path). Nothing
-of the example site may be imported there: an import hook refuses it. The project
-migrates, serves the admin's run and ledger pages, answers the API under its own prefix,
-and gives a run back through a sweep.
+urls (its database a scratch one on the test server), one module of its own, and the
+`cleanup` app installed from a wheel built from this repository (into a directory of its
+own, ahead of everything else on the path). Nothing of the example site may be imported
+there: an import hook refuses it. The project migrates, serves the admin's run and ledger
+pages, answers the API under its own prefix, and gives a run back through a sweep.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -15,13 +16,18 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import dj_database_url
 import pytest
+
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = '''
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -76,7 +82,7 @@ TEMPLATES = [
         },
     }
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE / "studio.sqlite3"}}
+DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", **json.loads(os.environ["STUDIO_DATABASE"])}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
 USE_TZ = True
@@ -211,7 +217,11 @@ def test_the_wheel_carries_the_apps_templates_static_files_and_migrations(wheel)
     assert [s for s in static if s not in names] == []
 
 
-def test_a_studio_project_installs_the_app_from_the_wheel_and_gives_a_run_back(wheel, tmp_path):
+def test_a_studio_project_installs_the_app_from_the_wheel_and_gives_a_run_back(
+    wheel,
+    tmp_path,
+    scratch_database,  # noqa: F811
+):
     site = tmp_path / "site-packages"
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -232,6 +242,8 @@ def test_a_studio_project_installs_the_app_from_the_wheel_and_gives_a_run_back(w
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "EVENT_", "Q_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(project)])
+    parts = dj_database_url.parse(scratch_database)
+    env["STUDIO_DATABASE"] = json.dumps({key: parts[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")})
     ran = subprocess.run(
         [sys.executable, "story.py"], cwd=project, env=env, capture_output=True, text=True, timeout=300
     )

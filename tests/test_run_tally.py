@@ -1,6 +1,6 @@
 """The runs' tally (`cleanup.tally`): the metrics' runs by status without counting every run.
 
-On PostgreSQL it is kept by triggers whatever writes the runs table (the ORM, a bulk
+It is kept by triggers whatever writes the runs table (the ORM, a bulk
 insert, an UPDATE of many runs, retention's raw DELETE, a TRUNCATE), folded without
 changing a sum, and appended to without one writer waiting for another.
 """
@@ -20,9 +20,6 @@ from cleanup import retention, tally
 from cleanup.models import CleanupStatus, Run, RunStatus, RunTally
 from tests.fakes import make_run
 
-pytestmark = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="the tally's triggers are PostgreSQL's; SQLite counts the runs"
-)
 MIGRATION = importlib.import_module("cleanup.migrations.0021_runs_are_tallied_and_runs_left_to_a_person_indexed")
 
 

@@ -8,6 +8,8 @@ import sys
 import pytest
 from django.conf import settings
 
+from tests.databases import scratch_database  # noqa: F401  (the fixture)
+
 pytestmark = pytest.mark.slow  # each test imports the settings in a fresh process
 
 BROKER_OF = (
@@ -27,8 +29,8 @@ def broker_for(env, var_dir):
     return result
 
 
-def test_it_queues_on_the_orm_broker_without_redis_url(tmp_path):
-    result = broker_for({}, tmp_path)
+def test_it_queues_on_the_orm_broker_without_redis_url(tmp_path, scratch_database):  # noqa: F811
+    result = broker_for({"DATABASE_URL": scratch_database}, tmp_path)  # the ORM broker connects
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"broker": "ORM", "orm": "default", "redis": None, "name": "eventsite"}
 

@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from cleanup.checks import check_engine_settings, check_q_cluster
+from cleanup.checks import check_database_is_postgresql, check_engine_settings, check_q_cluster
 
 
 def errors_for(**overrides):
@@ -84,25 +84,58 @@ def test_it_names_an_unreadable_environment_variable(tmp_path):
 
 
 @pytest.mark.slow
-def test_it_defaults_to_sqlite_and_reads_database_url(tmp_path):
-    result = settings_import({"DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path)})
-    assert result.stdout.strip() == "django.db.backends.sqlite3"
-    options = subprocess.run(
+def test_it_defaults_to_the_local_postgresql_and_reads_database_url():
+    result = settings_import({"DEBUG": "1", "EVENTSITE_VAR_DIR": "/nonexistent"})
+    assert result.stdout.strip() == "django.db.backends.postgresql"
+    where = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import eventsite.settings as s; o = s.DATABASES['default']['OPTIONS'];"
-            "print(o['transaction_mode'], o['timeout'], s.DATABASES['default']['NAME'])",
-        ],
+            "import eventsite.settings as s; d = s.DATABASES['default'];"
+            "print(d['HOST'], d['PORT'], d['USER'], d['NAME'])",
+        ],  # fmt: skip
         cwd=settings.BASE_DIR,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "DEBUG": "1", "EVENTSITE_VAR_DIR": str(tmp_path), "DATABASE_URL": ""},
+        env={**os.environ, "DEBUG": "1", "DATABASE_URL": ""},
     )
-    # Writers wait for the lock (up to the timeout) instead of failing half-way.
-    assert options.stdout.split() == ["IMMEDIATE", "20", str(tmp_path / "eventsite.sqlite3")]
-    result = settings_import({"DEBUG": "1", "DATABASE_URL": "postgres://u@127.0.0.1:5432/db"})
+    assert where.stdout.split() == ["127.0.0.1", "5432", "postgres", "eventsite"]
+    result = settings_import({"DEBUG": "1", "DATABASE_URL": "postgres://u@db.example:6543/db"})
     assert result.stdout.strip() == "django.db.backends.postgresql"
     result = settings_import({"DEBUG": "1", "DATABASE_URL": "nosuchdb://x"})
     assert "DATABASE_URL cannot be read" in result.stderr
+
+
+def test_the_site_database_passes_the_postgresql_check():
+    assert check_database_is_postgresql() == []
+
+
+@pytest.mark.parametrize(
+    "database",
+    [
+        {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+        {"ENGINE": "django.db.backends.mysql", "NAME": "eventsite"},
+    ],
+)
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_another_database_engine_is_refused_with_how_to_point_at_postgresql(database):
+    with override_settings(DATABASES={**settings.DATABASES, "other": database}):
+        errors = check_database_is_postgresql()
+    assert [e.id for e in errors] == ["cleanup.E020"]
+    assert "'other'" in errors[0].msg and "runs on PostgreSQL only" in errors[0].msg
+    assert "DATABASE_URL" in errors[0].hint
+
+
+@pytest.mark.slow
+def test_manage_py_check_refuses_a_sqlite_database_url(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=settings.BASE_DIR,
+        env={**os.environ, "DEBUG": "1", "DATABASE_URL": f"sqlite:///{tmp_path}/eventsite.sqlite3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "cleanup.E020" in result.stderr and "runs on PostgreSQL only" in result.stderr

@@ -3,7 +3,6 @@
 import threading
 
 import pytest
-from django.conf import settings
 from django.db import connections, transaction
 
 from cleanup import registry
@@ -13,10 +12,6 @@ from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, st
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
-        reason="needs PostgreSQL: SKIP LOCKED is a PostgreSQL matter",
-    ),
 ]
 
 

@@ -19,14 +19,10 @@ from django.db.models import Q
 
 from cleanup.models import UNRESOLVED, CleanupStatus, Resource, ResourceState, Run
 
-ON_POSTGRES = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-
 PG_PROCESSES = [
     pytest.mark.reliability,
     pytest.mark.slow,
-    pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL: claims between processes are a PostgreSQL matter"),
 ]
 
 CLAIM_TIMEOUT_S = 2

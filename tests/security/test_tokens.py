@@ -179,8 +179,7 @@ def test_the_migration_hashes_the_old_plain_text_tokens_and_they_keep_working():
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, user_id integer, created timestamp)")
         cursor.execute("INSERT INTO authtoken_token (key, user_id) VALUES (%s, %s)", [old_key, user.pk])
-    # The data migration reads only its schema editor's connection; a real editor cannot be
-    # opened inside the test's transaction on SQLite.
+    # The data migration reads only its schema editor's connection: the test's own stands in.
     migration.hash_old_tokens(apps, SimpleNamespace(connection=connection))
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM authtoken_token")
