@@ -8,8 +8,12 @@ wheel (no system package, nothing fetched at run time) and whose data is kept un
 it again; `database` does the whole of it for one process (the demo, a test session).
 
 PostgreSQL refuses to run as root. Run by root (as on CI and on the project's machines),
-the embedded server runs as the unprivileged account ``EMBEDDED_PG_USER`` (``nobody``),
-which owns its data directory; the directories above it must let others through.
+the embedded server's programs run in a user namespace of their own (``unshare --user``)
+where root is seen as the unprivileged ``nobody``: the server is not root to itself, while
+its files stay root's and any directory root may enter is open to it (a checkout in a
+``mktemp -d`` directory, say). Where user namespaces cannot be made, or when
+``EMBEDDED_PG_USER`` names an account, it runs as that account (``nobody``) instead, which
+then owns its data directory; the directories above it must let others through.
 
 It is a database for development and tests, not for production: it trusts every local
 connection, and it does not wait for the disk on commit.
@@ -18,6 +22,7 @@ Imports the standard library and psycopg only, so that it runs before Django's s
 
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import os
 import pwd
@@ -110,6 +115,30 @@ def binaries() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+@functools.cache
+def namespace_ids() -> tuple[int, int] | None:
+    """The ids root is seen as in the server's user namespace (``nobody``'s, so that the
+    programs can name their user), or None where no user namespace can be made here."""
+    try:
+        account = pwd.getpwnam(DEFAULT_USER)
+        ids = (account.pw_uid, account.pw_gid)
+    except KeyError:
+        ids = (65534, 65534)
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    try:
+        made = subprocess.run(
+            [unshare, "--user", f"--map-user={ids[0]}", f"--map-group={ids[1]}", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return ids if made.returncode == 0 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -158,7 +187,12 @@ class EmbeddedPostgres:
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).absolute()
         if self.user is None and os.geteuid() == 0:
-            self.user = os.environ.get(USER_ENV) or DEFAULT_USER
+            self.user = os.environ.get(USER_ENV) or (None if namespace_ids() else DEFAULT_USER)
+
+    @property
+    def namespaced(self) -> bool:
+        """Run by root in a user namespace of its own (see the module's docstring)."""
+        return self.user is None and os.geteuid() == 0
 
     # -- paths and processes -------------------------------------------------------------------
 
@@ -192,8 +226,13 @@ class EmbeddedPostgres:
         if account is not None:
             as_user = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         env = {**os.environ, "LC_ALL": "C", "PGTZ": "UTC"}
+        prefix: list[str] = []
+        if self.namespaced:
+            ids = namespace_ids()
+            assert ids is not None
+            prefix = ["unshare", "--user", f"--map-user={ids[0]}", f"--map-group={ids[1]}", "--"]
         result = subprocess.run(
-            [str(binaries() / program), *args],
+            [*prefix, str(binaries() / program), *args],
             cwd=self.data_dir.parent,
             env=env,
             stdin=subprocess.DEVNULL,
