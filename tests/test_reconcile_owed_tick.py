@@ -20,14 +20,13 @@ from cleanup.models import ModuleHealth, Resource
 from cleanup.runner import cancel_run, start_run, tick
 from eventsite.sandbox import module as sandbox
 from tests import shard as shard_helpers
-from tests.reliability.harness import ON_POSTGRES, database_url
+from tests.reliability.harness import database_url
 
 shard_process = shard_helpers.shard_process
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not ON_POSTGRES, reason="the ticks are other processes: they share a PostgreSQL database"),
 ]
 
 CLAIM_TIMEOUT_S = 2
