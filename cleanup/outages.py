@@ -39,13 +39,11 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from . import calls, registry, validation, wakeup
+from . import calls, registry, rows, validation, wakeup
 from .conf import setting
 from .enqueue import queue_reconcile
 from .logs import about
 from .models import (
-    CLAIMABLE,
-    TERMINAL,
     UNRESOLVED,
     Attempt,
     AttemptOutcome,
@@ -174,6 +172,7 @@ def lock_health(pairs):
     """Lock the health rows of ``(module, backend)`` pairs for the caller's transaction, in
     one order, so a verdict that reads whether a backend is down and a mark-down that
     forgives its rows never cross."""
+    rows.taking(rows.HEALTH)
     condition = Q()
     for module, backend in pairs:
         condition |= Q(module=module, backend=backend)
@@ -194,24 +193,16 @@ def forgive_streak(health):
         .annotate(n=Count("id"))
         .values("n")
     )
-    # A row held by a sweeper right now counts too: its verdict gives back only the
-    # attempt of its own claim, never these.
-    open_states = (*CLAIMABLE, ResourceState.REVERTING)
-    rows = Resource.objects.filter(
+    blamed = Resource.objects.filter(
         module=health.module,
         backend=health.backend,
-        state__in=open_states,
-        retryable=True,
-        revert_attempts__gt=0,
         attempts__outcome=UNAVAILABLE,
         attempts__at__gte=health.streak_started_at,
-    ).distinct()
-    ids = list(rows.values_list("id", flat=True))
+    )
+    ids = list(blamed.values_list("id", flat=True).distinct())
     if not ids:
         return 0
-    return Resource.objects.filter(pk__in=ids, state__in=open_states).update(
-        revert_attempts=F("revert_attempts") - Subquery(spent), next_attempt_at=None
-    )
+    return rows.forgive(Q(pk__in=ids), Subquery(spent))
 
 
 def mark_down(module, *, by, backend="", reason="", until=None, now=None):
@@ -324,7 +315,7 @@ def step_waits_on(step, now=None):
 
 
 def _waiting(module, backend):
-    return Resource.objects.filter(module=module, backend=backend, state__in=CLAIMABLE, retryable=True)
+    return Resource.objects.filter(rows.swept(), module=module, backend=backend)
 
 
 def spread_waiting(module, now, backend="", deferred_until=None):
@@ -642,17 +633,10 @@ def backends_of(modules):
 
 
 def row_waits(row, max_attempts):
-    """Would the sweep attempt this ledger row now, were its backend up? Only such a row waits on it.
-
-    Reads ``row.run``: select it with the row.
+    """Would the sweep attempt this ledger row now, were its backend up (`rows.awaits_sweep`)?
+    Only such a row waits on it. Reads ``row.run``: select it with the row.
     """
-    return (
-        row.state in CLAIMABLE
-        and row.retryable
-        and row.revert_attempts < max_attempts
-        and row.run.is_terminal
-        and row.run.auto_cleanup
-    )
+    return rows.holds(row, rows.awaits_sweep(max_attempts))
 
 
 def defer_waiting(module, until, run_ids=None, backend=""):
@@ -682,13 +666,11 @@ def give_up_waiting(health, now=None):
     Answers the ids of the runs concerned, whose statuses the caller refreshes.
     """
     now = now or timezone.now()
-    rows = _waiting(health.module, health.backend).filter(run__status__in=TERMINAL, run__auto_cleanup=True)
-    run_ids = sorted(set(rows.values_list("run_id", flat=True).distinct()))
+    waiting = _waiting(health.module, health.backend).filter(rows.in_automatic_sweep())
+    run_ids = sorted(set(waiting.values_list("run_id", flat=True).distinct()))
     reason = give_up_text(health)
     with transaction.atomic():
-        Resource.objects.filter(pk__in=rows.values("pk")).update(
-            state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
-        )
+        rows.give_up(waiting, reason, now)
         RunLog.objects.bulk_create(
             RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail={"what": health.name, "error": reason})
             for run_id in run_ids
