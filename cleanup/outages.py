@@ -632,13 +632,6 @@ def backends_of(modules):
     return answer
 
 
-def row_waits(row, max_attempts):
-    """Would the sweep attempt this ledger row now, were its backend up (`rows.awaits_sweep`)?
-    Only such a row waits on it. Reads ``row.run``: select it with the row.
-    """
-    return rows.holds(row, rows.awaits_sweep(max_attempts))
-
-
 def defer_waiting(module, until, run_ids=None, backend=""):
     """Keep a backend's claimable rows out of the sweep until ``until`` (its next probe).
 

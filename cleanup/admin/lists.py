@@ -1,11 +1,12 @@
 """The admin's building blocks: what needs a person, and lists that never count a whole table.
 
-`attention` gives the counts the admin index leads with; every query behind it reads the
-partial indexes of unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
+`attention` gives the counts the admin index leads with, as the ledger row's owner
+(`cleanup.rows`) defines them; every query behind it reads the partial indexes of
+unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
 keep each list bounded: counts are capped, filter choices are fixed or read from the
 registry and the unresolved rows, and no page can save a row.
 
-May import models, conf, registry and outages, never another module of the admin; the
+May import models, conf, `cleanup.rows`, registry and outages, never another module of the admin; the
 admin's pages and the template tags import it.
 """
 
@@ -463,8 +464,9 @@ def mark_waiting(rows, max_attempts):
 
     rows = list(rows)
     reasons = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+    waits = ledger_rows.awaits_sweep(max_attempts)
     for row in rows:
-        row.waiting = reasons.get((row.module, row.backend)) if outages.row_waits(row, max_attempts) else None
+        row.waiting = reasons.get((row.module, row.backend)) if ledger_rows.holds(row, waits) else None
     return rows
 
 

@@ -332,7 +332,7 @@ class ResourceSerializer(serializers.ModelSerializer):
         if down is None:
             down = outages.waiting_on([key])
         health = down.get(key)
-        if health is None or not outages.row_waits(row, max_revert_attempts()):
+        if health is None or not ledger_rows.holds(row, ledger_rows.awaits_sweep(max_revert_attempts())):
             return None
         return WaitingSerializer(health.waiting()).data
 
