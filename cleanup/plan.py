@@ -22,6 +22,7 @@ import time
 from collections import Counter
 
 from django.db.models import Q
+from django.utils import timezone
 
 from . import calls, outages, registry
 from . import rows as ledger_rows
@@ -167,7 +168,9 @@ def _next(first, entries, verb, newer, backend_down=False):
     if first.state == ResourceState.DRIFTED:
         return LEAVE
     if first.state == ResourceState.REVERTING:
-        return IN_HAND
+        # A dead claim at the ceiling whose call started is released as failed (rule 20).
+        tried_again = ledger_rows.tried_again(timezone.now(), max_revert_attempts())
+        return IN_HAND if ledger_rows.holds(first, tried_again) else WAITING
     if verb is None or not any(e["attempts_left"] for e in entries):
         return WAITING
     if backend_down:

@@ -357,3 +357,34 @@ def test_the_admin_and_the_api_agree_on_whether_a_row_given_back_at_the_ceiling_
     assert refs_listed(client, waiting) == {"orc-dead-in-its-call"}
     retrying = re.search(r'href="([^"]+)" id="count-retrying"', page)[1].replace("&amp;", "&")
     assert refs_listed(client, retrying) == tried_again
+
+
+# -- the lease heir, as the plan names it and the pass hands down -------------------------
+
+
+@pytest.mark.django_db
+def test_the_plan_names_the_heir_the_pass_hands_down_to_even_within_one_run():
+    """Rule 13, one choice (`rows.heir`): a run that leased one target twice hands the older
+    lease's baseline down to its own newer lease, passing over an unconfirmed one, and its
+    plan says so before the pass does it."""
+    from cleanup import registry
+    from cleanup.plan import cleanup_plan
+    from cleanup.sweep import cleanup_run
+    from tests.fakes import FakeLease, make_lease_row
+
+    registry.register_lease(FakeLease())
+    run = make_run(status=RunStatus.COMPLETED)
+    older = make_lease_row(run, baseline=1, applied=5)
+    unconfirmed = make_lease_row(run, baseline=5, applied=6)
+    Resource.objects.filter(pk=unconfirmed.pk).update(payload={"baseline": 5, "applied": 6, "confirmed": False})
+    newer = make_lease_row(run, baseline=6, applied=7)
+
+    heirs = {row["id"]: row["lease"]["hand_down_to"] for group in cleanup_plan(run) for row in group["rows"]}
+    assert heirs[older.pk] == {"resource": newer.pk, "run": run.pk}
+    assert heirs[newer.pk] is None
+
+    cleanup_run(run)
+    older.refresh_from_db()
+    newer.refresh_from_db()
+    assert older.state == "reverted"
+    assert newer.payload["baseline"] == 1, "the oldest baseline reached the newest lease"
