@@ -8,6 +8,7 @@ May import: the pass (`cleanup.sweep`), the models, `cleanup.rows`, `enqueue`, `
 
 import time
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -15,7 +16,7 @@ from . import rows as ledger_rows
 from . import validation
 from .enqueue import queue_cleanup, queue_cleanups
 from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, Run, RunLog
-from .sweep import CleanupRefused, cleanup_run, refresh_cleanup_status, reset_for_person
+from .sweep import CleanupRefused, cleanup_run, reset_for_person, statuses
 
 # Passes asked for together start this far apart, so that a shard coming back from an
 # outage is not hit by every run's cleanup in the same second.
@@ -100,14 +101,18 @@ def waive(rows, reason, actor):
         raise validation.Invalid({name: problem for name, problem in problems.items() if problem})
     now = timezone.now()
     reason = reason.strip()
-    waived = ledger_rows.waive(Resource.objects.filter(pk__in=[r.pk for r in rows]), reason, actor, now)
-    # A step's placeholder stands for what the step made: once every row the step recorded
-    # is resolved, it goes with them rather than wait alone for a person, or for a call
-    # that would ask for the whole step back.
-    steps = {r.step_id for r in waived if r.step_id is not None and r.kind != STEP_KIND}
-    still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
-    placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
-    ledger_rows.waive(placeholders, reason, actor, now, with_its_step=True)
-    for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
-        refresh_cleanup_status(run)
+    chosen = Resource.objects.filter(pk__in=[r.pk for r in rows])
+    with transaction.atomic():
+        # The runs first, then their rows (`rows.LOCK_ORDER`); their statuses are written
+        # with the rows, as a verdict's are.
+        runs = statuses.lock_runs(set(chosen.values_list("run_id", flat=True)))
+        waived = ledger_rows.waive(chosen, reason, actor, now)
+        # A step's placeholder stands for what the step made: once every row the step
+        # recorded is resolved, it goes with them rather than wait alone for a person, or
+        # for a call that would ask for the whole step back.
+        steps = {r.step_id for r in waived if r.step_id is not None and r.kind != STEP_KIND}
+        still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
+        placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
+        ledger_rows.waive(placeholders, reason, actor, now, with_its_step=True)
+        statuses.write_statuses({pk: runs[pk] for pk in {r.run_id for r in waived}}, now)
     return len(waived)

@@ -306,26 +306,22 @@ def taking(kind: str) -> None:
     after a lock that comes later in `LOCK_ORDER` in the same transaction. Outside a
     transaction each statement is its own and nothing is remembered.
 
-    A transaction is known by its atomic blocks: a lock noted in a block still open (the
-    current one or one around it) belongs to the same transaction. A block that closed
-    took its locks with it (a savepoint's, for the tests, which run inside one atomic).
+    A transaction is known by its outermost atomic block, its locks held until it ends.
+    The block a test case wraps each test in is not one: the code under test runs as it
+    would on its own.
     """
-    if not connection.in_atomic_block:
+    blocks = [block for block in connection.atomic_blocks if not block._from_testcase]
+    if not blocks:
         return
-    level = LOCK_ORDER.index(kind)
-    blocks = list(connection.atomic_blocks)
+    level, outer = LOCK_ORDER.index(kind), blocks[0]
     held = getattr(connection, "_cleanup_locks", None)
-    if held is not None:
-        held_blocks, held_level = held
-        still_open = len(held_blocks) <= len(blocks) and all(a is b for a, b in zip(held_blocks, blocks, strict=False))
-        if still_open and level < held_level:
+    if held is not None and held[0] is outer:
+        if level < held[1]:
             raise LockOrderBroken(
-                f"{kind} locked after {LOCK_ORDER[held_level]}: the order is {', then '.join(LOCK_ORDER)}"
+                f"{kind} locked after {LOCK_ORDER[held[1]]}: the order is {', then '.join(LOCK_ORDER)}"
             )
-        if still_open:
-            level = max(level, held_level)
-            blocks = held_blocks
-    connection._cleanup_locks = (blocks, level)
+        level = max(level, held[1])
+    connection._cleanup_locks = (outer, level)
 
 
 def lock(rows: QuerySet[Resource]) -> QuerySet[Resource]:
@@ -454,6 +450,7 @@ def mark_called(where: str, params: Sequence[Any]) -> int:
     a crash of the database server itself in the next moment could lose a mark, whose
     attempt would then be given back once.
     """
+    taking(LEDGER)
     table = connection.ops.quote_name(Resource._meta.db_table)
     return execute_prepared(
         f"UPDATE {table} SET claim_called = %s WHERE {where} "
@@ -584,11 +581,13 @@ def runs_with_spent_claims(now: dt.datetime, max_attempts: int) -> set[int]:
 
 def keep_claims(condition: Q, until: dt.datetime) -> int:
     """Calls still running past their budget: their rows stay claimed until ``until`` (rule 18)."""
+    taking(LEDGER)
     return Resource.objects.filter(condition, state=ResourceState.FAILED).update(claim_expires_at=until)
 
 
 def let_go_claims(condition: Q) -> int:
     """Calls past their budget that ended: their rows' claims are let go (rule 18)."""
+    taking(LEDGER)
     return Resource.objects.filter(condition, state=ResourceState.FAILED).update(**_LET_GO)
 
 
@@ -605,6 +604,7 @@ def hand_down(token: uuid.UUID, pk: int, now: dt.datetime) -> bool:
 def orphan_lease(row: Resource, reason: str, now: dt.datetime) -> bool:
     """A lease whose backend forgot it (its baseline is in force again) is ``orphaned``
     (rule 14), unless it moved since it was read; answers whether it was."""
+    taking(LEDGER)
     return bool(
         Resource.objects.filter(pk=row.pk, state=row.state).update(
             state=ResourceState.ORPHANED,
@@ -620,19 +620,21 @@ def orphan_lease(row: Resource, reason: str, now: dt.datetime) -> bool:
 # -- transitions: outages -------------------------------------------------------------------
 
 
-def forgive(rows: Q, spent: Subquery) -> int:
-    """Rule 21: the rows ``rows`` selects that the sweep still works get back the attempts
+def forgive(chosen: Q, spent: Subquery) -> int:
+    """Rule 21: the rows ``chosen`` selects that the sweep still works get back the attempts
     ``spent`` (a subquery per row) that answers blaming their backend cost them, and are
     due at once. A row held by a sweeper right now counts too: its verdict gives back only
     the attempt of its own claim."""
+    taking(LEDGER)
     open_rows = Q(state__in=OWING_STATES, retryable=True, revert_attempts__gt=0)
-    return Resource.objects.filter(rows & open_rows).update(
+    return Resource.objects.filter(chosen & open_rows).update(
         revert_attempts=F("revert_attempts") - spent, next_attempt_at=None
     )
 
 
 def give_up(rows: QuerySet[Resource], reason: str, now: dt.datetime) -> int:
     """Rule 23: waiting rows of an outage past its bound fail for good, with the reason."""
+    taking(LEDGER)
     return Resource.objects.filter(pk__in=rows.filter(swept()).values("pk")).update(
         state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
     )
@@ -640,6 +642,7 @@ def give_up(rows: QuerySet[Resource], reason: str, now: dt.datetime) -> int:
 
 def hurry(rows: QuerySet[Resource], now: dt.datetime, max_attempts: int) -> int:
     """A person's "now": rows waiting out a backoff are claimable at once; their counters stay."""
+    taking(LEDGER)
     return rows.filter(backing_off(now, max_attempts)).update(next_attempt_at=None, updated_at=now)
 
 

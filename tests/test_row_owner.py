@@ -197,6 +197,21 @@ def test_the_reading_leaves_other_models_and_plain_reads_alone(code):
     assert offences(code) == []
 
 
+def test_the_owner_stands_on_the_models_alone_and_everyone_reads_it_not_the_admin():
+    """`rows` imports the models, conf and `sql` only, so every part may ask it; `metrics`
+    reads what waits for a person from it, never from the admin (a surface)."""
+    from tests.test_architecture import imports_of, sources
+
+    known = sources()
+    assert imports_of("cleanup.rows", known["cleanup.rows"], known) == {"cleanup.models", "cleanup.conf", "cleanup.sql"}
+    metrics = imports_of("cleanup.metrics", known["cleanup.metrics"], known)
+    assert "cleanup.rows" in metrics
+    assert not {m for m in metrics if m.startswith(("cleanup.admin", "cleanup.api"))}
+    askers = ("outages", "ledger", "wakeup", "reconcile", "manual", "plan", "admin.lists", "api.serializers")
+    for name in askers:
+        assert "cleanup.rows" in imports_of(f"cleanup.{name}", known[f"cleanup.{name}"], known), name
+
+
 # -- each predicate, in the database and for a row in hand --------------------------------
 
 CEILING = 3
@@ -388,3 +403,21 @@ def test_the_plan_names_the_heir_the_pass_hands_down_to_even_within_one_run():
     newer.refresh_from_db()
     assert older.state == "reverted"
     assert newer.payload["baseline"] == 1, "the oldest baseline reached the newest lease"
+
+
+@pytest.mark.django_db
+def test_a_persons_waiver_and_retry_keep_the_lock_order_inside_a_callers_transaction():
+    """A site may wrap each request in a transaction (``ATOMIC_REQUESTS``): a waiver and a
+    retry then lock the runs before their rows, as every writer does, and write the run's
+    status with its rows."""
+    from cleanup import manual
+
+    run = make_run(status=RunStatus.COMPLETED, cleanup_status="incomplete")
+    orcs = make_rows(make_step(run), ["orc-1", "orc-2"], placeholder=False)
+    Resource.objects.filter(run=run).update(state="failed", revert_attempts=CEILING)
+    with transaction.atomic():  # one request: a retry
+        assert manual.reset_for_person(run, "alice") == 2
+    with transaction.atomic():  # another: a waiver
+        assert manual.waive(orcs, "gone with the old map", "alice") == 2
+    run.refresh_from_db()
+    assert run.cleanup_status == "complete"
