@@ -39,6 +39,8 @@ from .models import (
     ResourceState,
     Run,
     RunLog,
+    RunStatus,
+    Step,
 )
 from .sql import SPECIAL, execute_prepared, fetch_prepared, update_by_id
 
@@ -208,7 +210,7 @@ def ended_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resourc
     rows = Resource.objects.all() if rows is None else rows
     # "Not of a running run" rather than a join with the ended ones: read beside the few
     # running runs' partial index, not beside every run the retention window keeps.
-    running = Run.objects.filter(pk=OuterRef("run_id"), status="running")
+    running = Run.objects.filter(pk=OuterRef("run_id"), status=RunStatus.RUNNING)
     return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
 
 
@@ -333,7 +335,7 @@ def lock(rows: QuerySet[Resource]) -> QuerySet[Resource]:
 # -- transitions: new rows ----------------------------------------------------------------
 
 
-def reserve_placeholder(step: Any, module: str) -> Resource:
+def reserve_placeholder(step: Step, module: str) -> Resource:
     """The write-ahead row of one step (kind ``step``), ``live``, once per step however
     often it runs: it holds the run until the step records what it made (rule 16)."""
     placeholder, _ = Resource.objects.get_or_create(

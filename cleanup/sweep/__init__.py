@@ -5,8 +5,9 @@ runs that still owe something and claim their first groups in one conditional UP
 (`claims`); make the module calls concurrently, outside any transaction (`dispatch`,
 with `leases` for rule 13); write every verdict of the batch with its log and attempts,
 only on rows that still carry the claim's token (`verdicts`), and the runs' cleanup
-statuses in the same transaction (`statuses`). `statements` and `sets` are the SQL the
-stages send. Work is found from the rows, never from a flag (rule 2).
+statuses in the same transaction (`statuses`). `statements` is the SQL the stages send,
+compiled from the row owner's predicates (`cleanup.rows`), whose transitions every stage
+calls. Work is found from the rows, never from a flag (rule 2).
 
 This module is the pass's public face: `sweep`, `cleanup_run`, `run_batch`, `Ahead`,
 `CleanupRefused`, `SweepResult`, `refresh_cleanup_status`, `runs_needing_cleanup`, `past`.

@@ -12,7 +12,7 @@ A call that outlives its budget is not stopped (nothing can stop it) and not ret
 while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
 claim while the call still runs in this process and lets it go once the call ends. If
 the process dies the claim simply expires, as any dead sweeper's does.
-May import: the models, conf, `logs`, `calls`, `registry`, `outages`, `leases`.
+May import: the models, conf, `cleanup.rows`, `logs`, `calls`, `registry`, `outages`, `leases`.
 """
 
 import logging

@@ -5,7 +5,8 @@ the rows are locked first, so the log names exactly the rows that changed, and a
 sweeper whose claim was taken over writes nothing at all, not even a pass summary. The
 statuses of the batch's runs (`statuses`) are written in the same transaction as their
 rows, so a sweeper that dies leaves both as they were or both as they are now.
-May import: the models, conf, `outages`, `calls`, and `statuses`, `sets`, `statements`.
+May import: the models, conf, `cleanup.rows` (every transition), `cleanup.sql`, `outages`, `calls`, and
+`statuses`.
 """
 
 import logging
