@@ -130,6 +130,7 @@ def record(module, reason, *, backend="", key="", ambiguous=False, now=None):
 
 def _mark_down_after_streak(module, backend, now):
     with transaction.atomic():
+        rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
         marked = (
             _rows(module, backend)
             .filter(state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER"))
@@ -218,6 +219,7 @@ def mark_down(module, *, by, backend="", reason="", until=None, now=None):
     now = now or timezone.now()
     _health(module, backend)
     with transaction.atomic():
+        rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
         marked = (
             _rows(module, backend)
             .filter(state=ModuleState.UP)
@@ -254,6 +256,7 @@ def mark_up(module, *, by, backend="", now=None):
     """
     now = now or timezone.now()
     with transaction.atomic():
+        rows.taking(rows.HEALTH)
         health = _rows(module, backend).select_for_update().filter(state=ModuleState.DOWN).first()
         if health is None or (by in ENGINE_ACTORS and health.held_at(now)):
             return False
