@@ -32,7 +32,7 @@ class CleanupConfig(AppConfig):
         from .api import tokens
         from .counters import flush_after_request
         from .runner import register_builtins
-        from .sweep.statements import ready_new_connection
+        from .sql import ready_new_connection
         from .tasks import on_worker_start
 
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)

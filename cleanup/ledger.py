@@ -13,23 +13,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import registry
-from .models import LEASE_KIND, STEP_KIND, Resource, ResourceState
+from . import rows as ledger_rows
+from .models import LEASE_KIND, STEP_KIND, Resource
 
 
 def write_placeholder(step, module):
     """The write-ahead row of one step (kind ``step``), once per step however often it runs."""
-    placeholder, _ = Resource.objects.get_or_create(
-        step=step,
-        kind=STEP_KIND,
-        defaults={
-            "run_id": step.run_id,
-            "module": module,
-            "backend": step.backend,
-            "ref": step.idempotency_key,
-            "action": step.action_id,
-        },
-    )
-    return placeholder
+    return ledger_rows.reserve_placeholder(step, module)
 
 
 def record_resources(step, module, resources):
@@ -43,12 +33,12 @@ def record_resources(step, module, resources):
     now = timezone.now()
     with transaction.atomic():
         known = set(Resource.objects.filter(step=step).exclude(kind=STEP_KIND).values_list("kind", "ref"))
-        rows = []
+        new = []
         for item in resources:
             if (item["kind"], item["ref"]) in known:
                 continue
             known.add((item["kind"], item["ref"]))
-            rows.append(
+            new.append(
                 Resource(
                     run_id=step.run_id,
                     step=step,
@@ -63,7 +53,7 @@ def record_resources(step, module, resources):
                     updated_at=now,
                 )
             )
-        return Resource.objects.bulk_create(rows)
+        return ledger_rows.record(new)
 
 
 def reserve_lease(step, lease, target, baseline, applied):
@@ -72,7 +62,7 @@ def reserve_lease(step, lease, target, baseline, applied):
     It is ``confirmed: false`` until `confirm_lease`: until then the engine does not take
     it as holding the target (rule 13).
     """
-    return Resource.objects.create(
+    return ledger_rows.reserve(
         run_id=step.run_id,
         step=step,
         module=lease.module,
@@ -80,16 +70,11 @@ def reserve_lease(step, lease, target, baseline, applied):
         kind=LEASE_KIND,
         ref=registry.lease_ref(lease.id, target),
         action=step.action_id,
-        payload={"baseline": baseline, "applied": applied, "confirmed": False},
-        state=ResourceState.LIVE,
+        payload={"baseline": baseline, "applied": applied},
     )
 
 
 def confirm_lease(row):
     """The lease's apply answered success. Under a lock: a hand-down may be rewriting the
     row's baseline at the same moment, and neither change may lose the other."""
-    with transaction.atomic():
-        locked = Resource.objects.select_for_update().get(pk=row.pk)
-        payload = dict(locked.payload or {})
-        payload["confirmed"] = True
-        Resource.objects.filter(pk=row.pk).update(payload=payload)
+    ledger_rows.confirm(row.pk)

@@ -3,18 +3,20 @@
 The admin, the API and the commands call these; the automatic sweep never does. Only here
 (and in ``cleanup_run --reset``) are a run's attempt counters put back to zero; the engine
 itself gives back only attempts that were not the row's fault (rule 6).
-May import: the pass (`cleanup.sweep`), the models, `enqueue`, `validation`.
+May import: the pass (`cleanup.sweep`), the models, `cleanup.rows`, `enqueue`, `validation`.
 """
 
 import time
 
-from django.db.models import Exists, OuterRef, Q
+from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from . import rows as ledger_rows
 from . import validation
 from .enqueue import queue_cleanup, queue_cleanups
-from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, ResourceState, Run, RunLog
-from .sweep import CleanupRefused, cleanup_run, refresh_cleanup_status
+from .models import STEP_KIND, UNRESOLVED, LogKind, Resource, Run, RunLog
+from .sweep import CleanupRefused, cleanup_run, reset_for_person, statuses
 
 # Passes asked for together start this far apart, so that a shard coming back from an
 # outage is not hit by every run's cleanup in the same second.
@@ -40,7 +42,7 @@ def request_cleanup(run, actor, reset=True):
     run = Run.objects.get(pk=run.pk)
     check_cleanup(run)
     if reset:
-        cleared = run.reset_for_person(actor)
+        cleared = reset_for_person(run, actor)
     else:
         cleared = 0
         RunLog.write(run.pk, LogKind.CLEANUP_RETRY, resources=0, by=actor, reset=False)
@@ -64,7 +66,7 @@ def request_cleanups(runs, actor):
         except (CleanupRefused, Run.DoesNotExist) as exc:
             refused.append(str(exc))
             continue
-        accepted.append((run, run.reset_for_person(actor)))
+        accepted.append((run, reset_for_person(run, actor)))
     if len(accepted) == 1:
         queue_cleanup(accepted[0][0].pk, actor=actor)
     elif accepted:
@@ -99,36 +101,19 @@ def waive(rows, reason, actor):
     if any(problems.values()):
         raise validation.Invalid({name: problem for name, problem in problems.items() if problem})
     now = timezone.now()
-    waivable = Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)) | Q(
-        state=ResourceState.REVERTING, claim_expires_at__lt=now
-    )
     reason = reason.strip()
-    also = {"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None}
-    waived = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
-        waivable,
-        ResourceState.WAIVED,
-        None,
-        LogKind.RESOURCE_WAIVED,
-        also=also,
-        reason=reason,
-        by=actor,
-    )
-    # A step's placeholder stands for what the step made: once every row the step recorded
-    # is resolved, it goes with them rather than wait alone for a person, or for a call
-    # that would ask for the whole step back.
-    steps = {r.step_id for r in waived if r.step_id is not None and r.kind != STEP_KIND}
-    still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
-    placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
-    placeholders.resolve_logged(
-        waivable,
-        ResourceState.WAIVED,
-        None,
-        LogKind.RESOURCE_WAIVED,
-        also=also,
-        reason=reason,
-        by=actor,
-        with_its_step=True,
-    )
-    for run in Run.objects.filter(pk__in={r.run_id for r in waived}):
-        refresh_cleanup_status(run)
+    chosen = Resource.objects.filter(pk__in=[r.pk for r in rows])
+    with transaction.atomic():
+        # The runs first, then their rows (`rows.LOCK_ORDER`); their statuses are written
+        # with the rows, as a verdict's are.
+        runs = statuses.lock_runs(set(chosen.values_list("run_id", flat=True)))
+        waived = ledger_rows.waive(chosen, reason, actor, now)
+        # A step's placeholder stands for what the step made: once every row the step
+        # recorded is resolved, it goes with them rather than wait alone for a person, or
+        # for a call that would ask for the whole step back.
+        steps = {r.step_id for r in waived if r.step_id is not None and r.kind != STEP_KIND}
+        still_held = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
+        placeholders = Resource.objects.filter(step_id__in=steps, kind=STEP_KIND).exclude(Exists(still_held))
+        ledger_rows.waive(placeholders, reason, actor, now, with_its_step=True)
+        statuses.write_statuses({pk: runs[pk] for pk in {r.run_id for r in waived}}, now)
     return len(waived)

@@ -13,7 +13,7 @@ Every name starts with ``EVENT_METRICS_NAMESPACE`` (a site sets its own name the
   ``_oldest_unresolved_seconds``; ``_backend_up{module,backend}``; ``_alerts_pending``;
 - ``_module_calls_total{module,backend,verb,outcome}``, ``_module_call_seconds{module,
   backend,verb}`` (a histogram), ``_sweep_passes_total``, ``_sweep_rows_total{verdict}``.
-May import: the models, conf, `counters`, `outages`, `tally` and the admin's list helpers.
+May import: the models, conf, `cleanup.rows` (what waits for a person), `counters`, `outages`, `tally`.
 """
 
 import hmac
@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import counters, outages, tally
+from . import rows as ledger_rows
 from .conf import max_revert_attempts, setting
 from .models import UNRESOLVED, Alert, Counter, ModuleState, Resource
 
@@ -89,9 +90,8 @@ class Collector:
             self.name("rows_waiting_for_person"),
             "Unresolved rows of ended runs the sweep will not try again: a person retries or waives them.",
         )
-        from .admin.lists import ended_unresolved, waiting_q
-
-        waiting.add_metric([], ended_unresolved().filter(waiting_q(max_revert_attempts())).count())
+        waiting_for_person = ledger_rows.waiting_for_person(timezone.now(), max_revert_attempts())
+        waiting.add_metric([], ledger_rows.ended_unresolved().filter(waiting_for_person).count())
         yield waiting
         oldest = unresolved.aggregate(at=Min("created_at"))["at"]
         age = GaugeMetricFamily(

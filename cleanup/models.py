@@ -1,12 +1,12 @@
 """Runs, their steps, the ledger of what they took, and their log.
 
-State changes that two workers may race on are conditional UPDATEs on these querysets:
-the filter says which state the row must still be in, and the row count says who won.
+A ledger row's predicates and transitions are `cleanup.rows`'s, a run's cleanup status
+`cleanup.sweep.statuses`'s: the models say what is stored, not how it changes.
 May import: conf only; the engine imports the models, never the other way round.
 """
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -65,10 +65,6 @@ UNRESOLVED = (
     ResourceState.FAILED,
     ResourceState.DRIFTED,
 )
-# States the automatic sweep may claim from (a `reverting` row only once its claim expired).
-CLAIMABLE = (ResourceState.LIVE, ResourceState.FAILED)
-# Rows that may still owe the world something the sweep will try: the finder's index.
-OWING = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.REVERTING)
 
 
 class AttemptOutcome(models.TextChoices):
@@ -187,36 +183,6 @@ class Run(models.Model):
     def is_terminal(self):
         return self.status in TERMINAL
 
-    def reset_for_person(self, actor):
-        """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep.
-
-        Their attempt counters go back to zero and drifted rows are tried again; the run
-        turns ``pending`` and back into the automatic sweep, and the retry is logged with
-        the person. Answers how many rows were reset. A row a sweeper holds right now is
-        left to its verdict. Only a person's request calls this (`cleanup.manual`,
-        ``cleanup_run --reset``).
-        """
-        now = timezone.now()
-        rows = Resource.objects.filter(run=self).filter(
-            Q(state__in=(ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED))
-            | Q(state=ResourceState.REVERTING, claim_expires_at__lt=now)
-        )
-        with transaction.atomic():
-            ids = list(rows.values_list("id", flat=True))
-            Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
-            cleared = rows.filter(pk__in=ids).update(
-                revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
-            )
-            Run.objects.filter(pk=self.pk).update(
-                cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now
-            )
-            # Staff were told it gave up; if it gives up again after this retry, that is news.
-            Run.objects.filter(pk=self.pk, alerted_status=AlertedStatus.GAVE_UP).update(
-                alerted_status=AlertedStatus.RETRIED
-            )
-            RunLog.write(self.pk, LogKind.CLEANUP_RETRY, resources=cleared, by=actor)
-        return cleared
-
 
 class Step(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
@@ -247,11 +213,6 @@ class Step(models.Model):
         return f"{self.run_id}.{self.position} {self.action_id}"
 
 
-# A dead claim whose attempt was not spent by a call of its own: its module was never
-# called, or it was marked called with others of its wave and may never have started.
-NOT_SPENT = Q(claim_called=False) | Q(claim_shared=True)
-
-
 class ResourceQuerySet(models.QuerySet):
     def unresolved(self):
         return self.filter(state__in=UNRESOLVED)
@@ -267,81 +228,6 @@ class ResourceQuerySet(models.QuerySet):
         """
         covering = Resource.objects.filter(step=OuterRef("step"), state__in=UNRESOLVED).exclude(kind=STEP_KIND)
         return self.exclude(Q(kind=STEP_KIND) & Exists(covering))
-
-    def claimable(self, now, max_attempts):
-        """Rows the automatic sweep may claim now.
-
-        Retryable rows under the attempt ceiling whose backoff has passed, and rows
-        whose claim expired (a sweeper died holding them) that have attempts left; the
-        attempt of a dead claim whose call never started is not counted, as the claim
-        that takes it over gives it back, and so is that of a call marked with others of its
-        wave (rule 20). A failed row that still carries a live claim is
-        held by a call that outlived its budget and is still running: it is not tried
-        again until that call ends.
-        """
-        fresh = (
-            Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
-            & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
-            & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
-        )
-        abandoned = Q(state=ResourceState.REVERTING, claim_expires_at__lt=now) & (
-            Q(revert_attempts__lt=max_attempts) | (NOT_SPENT & Q(revert_attempts__lte=max_attempts))
-        )
-        return self.filter(fresh | abandoned)
-
-    def retryable(self, max_attempts):
-        """Rows the automatic sweep will still try, now or after a backoff or a claim."""
-        return self.filter(self.retryable_condition(max_attempts))
-
-    @staticmethod
-    def retryable_condition(max_attempts):
-        return Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts) | Q(
-            state=ResourceState.REVERTING
-        )
-
-    def waiting_for_backoff(self, now, max_attempts):
-        """Rows the sweep will try again, but not before their backoff has passed."""
-        return self.filter(
-            state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts, next_attempt_at__gt=now
-        )
-
-    def hurry(self, now, max_attempts):
-        """A person's "now": the waiting rows are claimable at once; their counters stay."""
-        return self.waiting_for_backoff(now, max_attempts).update(next_attempt_at=None, updated_at=now)
-
-    def resolve_logged(self, condition, state, error, log_kind, also=None, **detail):
-        """Resolve the rows of this queryset that still match ``condition``, and log each.
-
-        The rows are locked first, so the log names exactly the rows that changed (one a
-        sweeper claimed meanwhile no longer matches). Answers the rows resolved. An
-        ``error`` of None keeps each row's last error; ``also`` sets more fields.
-        """
-        now = timezone.now()
-        fields = {} if error is None else {"last_error": error}
-        with transaction.atomic():
-            rows = list(self.select_for_update().filter(condition).order_by("id"))
-            Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-                state=state,
-                claim_token=None,
-                claim_expires_at=None,
-                resolved_at=now,
-                updated_at=now,
-                **fields,
-                **(also or {}),
-            )
-            RunLog.objects.bulk_create(
-                RunLog(
-                    run_id=row.run_id,
-                    kind=log_kind,
-                    at=now,
-                    detail={**detail, "resource": f"{row.kind}:{row.ref}", "resource_id": row.pk},
-                )
-                for row in rows
-            )
-        return rows
-
-    def held_by(self, token):
-        return self.filter(state=ResourceState.REVERTING, claim_token=token)
 
 
 class Resource(models.Model):

@@ -43,13 +43,11 @@ from django.db.models import Count, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from . import calls, registry, validation, wakeup
+from . import calls, registry, rows, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_owed_reconcile
 from .logs import about
 from .models import (
-    CLAIMABLE,
-    TERMINAL,
     UNRESOLVED,
     Attempt,
     AttemptOutcome,
@@ -136,6 +134,7 @@ def record(module, reason, *, backend="", key="", ambiguous=False, now=None):
 
 def _mark_down_after_streak(module, backend, now):
     with transaction.atomic():
+        rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
         marked = (
             _rows(module, backend)
             .filter(state=ModuleState.UP, failures_in_row__gte=setting("EVENT_OUTAGE_AFTER"))
@@ -178,6 +177,7 @@ def lock_health(pairs):
     """Lock the health rows of ``(module, backend)`` pairs for the caller's transaction, in
     one order, so a verdict that reads whether a backend is down and a mark-down that
     forgives its rows never cross."""
+    rows.taking(rows.HEALTH)
     condition = Q()
     for module, backend in pairs:
         condition |= Q(module=module, backend=backend)
@@ -198,24 +198,16 @@ def forgive_streak(health):
         .annotate(n=Count("id"))
         .values("n")
     )
-    # A row held by a sweeper right now counts too: its verdict gives back only the
-    # attempt of its own claim, never these.
-    open_states = (*CLAIMABLE, ResourceState.REVERTING)
-    rows = Resource.objects.filter(
+    blamed = Resource.objects.filter(
         module=health.module,
         backend=health.backend,
-        state__in=open_states,
-        retryable=True,
-        revert_attempts__gt=0,
         attempts__outcome=UNAVAILABLE,
         attempts__at__gte=health.streak_started_at,
-    ).distinct()
-    ids = list(rows.values_list("id", flat=True))
+    )
+    ids = list(blamed.values_list("id", flat=True).distinct())
     if not ids:
         return 0
-    return Resource.objects.filter(pk__in=ids, state__in=open_states).update(
-        revert_attempts=F("revert_attempts") - Subquery(spent), next_attempt_at=None
-    )
+    return rows.forgive(Q(pk__in=ids), Subquery(spent))
 
 
 def mark_down(module, *, by, backend="", reason="", until=None, now=None):
@@ -231,6 +223,7 @@ def mark_down(module, *, by, backend="", reason="", until=None, now=None):
     now = now or timezone.now()
     _health(module, backend)
     with transaction.atomic():
+        rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
         marked = (
             _rows(module, backend)
             .filter(state=ModuleState.UP)
@@ -267,6 +260,7 @@ def mark_up(module, *, by, backend="", now=None):
     """
     now = now or timezone.now()
     with transaction.atomic():
+        rows.taking(rows.HEALTH)
         health = _rows(module, backend).select_for_update().filter(state=ModuleState.DOWN).first()
         if health is None or (by in ENGINE_ACTORS and health.held_at(now)):
             return False
@@ -328,7 +322,7 @@ def step_waits_on(step, now=None):
 
 
 def _waiting(module, backend):
-    return Resource.objects.filter(module=module, backend=backend, state__in=CLAIMABLE, retryable=True)
+    return Resource.objects.filter(rows.swept(), module=module, backend=backend)
 
 
 def spread_waiting(module, now, backend="", deferred_until=None):
@@ -716,20 +710,6 @@ def backends_of(modules):
     return answer
 
 
-def row_waits(row, max_attempts):
-    """Would the sweep attempt this ledger row now, were its backend up? Only such a row waits on it.
-
-    Reads ``row.run``: select it with the row.
-    """
-    return (
-        row.state in CLAIMABLE
-        and row.retryable
-        and row.revert_attempts < max_attempts
-        and row.run.is_terminal
-        and row.run.auto_cleanup
-    )
-
-
 def defer_waiting(module, until, run_ids=None, backend=""):
     """Keep a backend's claimable rows out of the sweep until ``until`` (its next probe).
 
@@ -757,13 +737,11 @@ def give_up_waiting(health, now=None):
     Answers the ids of the runs concerned, whose statuses the caller refreshes.
     """
     now = now or timezone.now()
-    rows = _waiting(health.module, health.backend).filter(run__status__in=TERMINAL, run__auto_cleanup=True)
-    run_ids = sorted(set(rows.values_list("run_id", flat=True).distinct()))
+    waiting = _waiting(health.module, health.backend).filter(rows.in_automatic_sweep())
+    run_ids = sorted(set(waiting.values_list("run_id", flat=True).distinct()))
     reason = give_up_text(health)
     with transaction.atomic():
-        Resource.objects.filter(pk__in=rows.values("pk")).update(
-            state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
-        )
+        rows.give_up(waiting, reason, now)
         RunLog.objects.bulk_create(
             RunLog(run_id=run_id, kind=LogKind.CLEANUP_FAILED, at=now, detail={"what": health.name, "error": reason})
             for run_id in run_ids

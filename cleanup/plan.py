@@ -13,17 +13,19 @@ Live reads are bounded per request, whatever the run's size: at most
 (past the cap, or the budget ran out first) is answered as ``{"unread": why}``, and the
 plan says which (`unread_ids`), so no request waits on a slow shard for longer than
 the budget and none makes more reads than the cap.
-May import: the models, conf, `calls`, `registry`, `outages` (which backends are down). Reads only.
+May import: the models, conf, `calls`, `registry`, `cleanup.rows`, `outages` (which backends are down).
+Reads only.
 """
 
-import bisect
 import threading
 import time
 from collections import Counter
 
 from django.db.models import Q
+from django.utils import timezone
 
 from . import calls, outages, registry
+from . import rows as ledger_rows
 from .conf import max_revert_attempts, setting
 from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState
 
@@ -166,7 +168,9 @@ def _next(first, entries, verb, newer, backend_down=False):
     if first.state == ResourceState.DRIFTED:
         return LEAVE
     if first.state == ResourceState.REVERTING:
-        return IN_HAND
+        # A dead claim at the ceiling whose call started is released as failed (rule 20).
+        tried_again = ledger_rows.tried_again(timezone.now(), max_revert_attempts())
+        return IN_HAND if ledger_rows.holds(first, tried_again) else WAITING
     if verb is None or not any(e["attempts_left"] for e in entries):
         return WAITING
     if backend_down:
@@ -177,31 +181,23 @@ def _next(first, entries, verb, newer, backend_down=False):
 
 
 def _newer_leases(run, lease_rows):
-    """For each lease row, the newer unresolved lease of another run it would hand down to (rule 13).
-
-    As `cleanup.sweep.leases` chooses: the next newer lease whose apply was confirmed.
-    """
+    """For each lease row, the lease it would hand down to (rule 13): `rows.heir`, as the
+    pass chooses it, among the unresolved leases on its target (on its backend)."""
     if not lease_rows:
         return {}
-    others = [
-        (pk, ref, backend, run_id)
-        for pk, ref, backend, run_id, payload in Resource.objects.filter(
-            kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED
-        )
-        .exclude(run=run)
-        .order_by("id")
-        .values_list("id", "ref", "backend", "run_id", "payload")
-        if not (isinstance(payload, dict) and payload.get("confirmed") is False)
-    ]
     by_target = {}
-    for pk, ref, backend, run_id in others:  # in id order: each target's list is sorted
-        by_target.setdefault((ref, backend), []).append((pk, run_id))
+    stacked = (
+        Resource.objects.filter(kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED)
+        .order_by("id")
+        .only("id", "ref", "backend", "run_id", "payload")
+    )
+    for other in stacked:  # in id order: each target's list is sorted
+        by_target.setdefault((other.ref, other.backend), []).append(other)
     heirs = {}
     for row in lease_rows:
-        newer = by_target.get((row.ref, row.backend), ())
-        at = bisect.bisect_right(newer, (row.pk, float("inf")))
-        if at < len(newer):
-            heirs[row.pk] = {"resource": newer[at][0], "run": newer[at][1]}
+        heir = ledger_rows.heir(row, by_target.get((row.ref, row.backend), ()))
+        if heir is not None:
+            heirs[row.pk] = {"resource": heir.pk, "run": heir.run_id}
     return heirs
 
 
@@ -212,7 +208,7 @@ def _row(r, max_attempts, newer):
         "ref": r.ref,
         "state": r.state,
         "attempts": r.revert_attempts,
-        "attempts_left": _attempts_left(r, max_attempts),
+        "attempts_left": ledger_rows.attempts_left_of(r, max_attempts),
         "last_error": r.last_error,
     }
     if r.kind == LEASE_KIND:
@@ -334,9 +330,3 @@ def _value_of(read, answer):
     if not (isinstance(raw, dict) and raw.get("ok") is True and "value" in raw):
         return {"error": f"{read.what} answered {raw!r:.200}, not a value"}
     return {"value": raw["value"]}
-
-
-def _attempts_left(row, max_attempts):
-    if not row.retryable or row.state not in (ResourceState.LIVE, ResourceState.FAILED):
-        return 0
-    return max(0, max_attempts - row.revert_attempts)

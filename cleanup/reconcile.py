@@ -12,8 +12,8 @@ brought some of it back, and each such resource is ledgered anew and given back 
 A restart noticed is a debt on the backend's health row (`cleanup.outages.owe_reconcile`):
 `pay_owed`, at every tick, reconciles the backends that owe one, a bounded number at a time,
 and clears each debt only once its reconcile finished with an answer from the backend.
-May import: the models, conf, `calls`, `registry`, `outages`, `enqueue`, the pass's `leases` (rule 13);
-never a surface.
+May import: the models, conf, `calls`, `registry`, `cleanup.rows`, `outages`, `enqueue`, the pass's
+`leases` (rule 13) and `statuses`; never a surface.
 """
 
 import logging
@@ -25,21 +25,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import calls, outages, registry
+from . import calls, outages, registry, rows
 from .conf import setting
 from .enqueue import queue_sweep
 from .models import (
     LEASE_KIND,
     STEP_KIND,
     UNRESOLVED,
-    CleanupStatus,
     LogKind,
     Resource,
     ResourceState,
-    Run,
     RunLog,
 )
-from .sweep import leases
+from .sweep import leases, statuses
 
 logger = logging.getLogger(__name__)
 
@@ -149,16 +147,14 @@ def reconcile_module(name, restarted=False, backend=None, restarted_at=None):
     return summary
 
 
-def _orphan(name, action_id, rows):
+def _orphan(name, action_id, gone):
     """Mark the rows that are still live ``orphaned``, and log each; answers how many.
 
     A row the sweep claimed meanwhile is not live any more and is not orphaned.
     """
-    orphaned = Resource.objects.filter(pk__in=[r.pk for r in rows]).resolve_logged(
-        Q(state=ResourceState.LIVE),
-        ResourceState.ORPHANED,
+    orphaned = rows.orphan(
+        Resource.objects.filter(pk__in=[r.pk for r in gone]),
         "the module reports this is no longer in the world",
-        LogKind.RESOURCE_ORPHANED,
         module=name,
         action=action_id,
     )
@@ -186,18 +182,7 @@ def _resurrect(name, mine, restarted_at=None, summary=None):
     for row, what in back:
         try:
             with transaction.atomic():
-                again = Resource.objects.create(
-                    run_id=row.run_id,
-                    step_id=row.step_id,
-                    module=row.module,
-                    backend=row.backend,
-                    kind=row.kind,
-                    ref=row.ref,
-                    member_key=row.member_key,
-                    action=row.action,
-                    payload=row.payload,
-                    resurrected_from=row,
-                )
+                again = rows.resurrect(row)
                 RunLog.write(
                     row.run_id,
                     LogKind.RESOURCE_RESURRECTED,
@@ -212,7 +197,7 @@ def _resurrect(name, mine, restarted_at=None, summary=None):
         count += 1
         touched_runs.add(row.run_id)
     if touched_runs:
-        Run.objects.filter(pk__in=touched_runs).update(cleanup_status=CleanupStatus.PENDING, updated_at=timezone.now())
+        statuses.reopen(touched_runs, timezone.now())
     return count
 
 
@@ -262,14 +247,14 @@ def _forgotten_leases(name, mine, summary=None):
     sweeper holds is left to its verdict; a read without a clear answer changes nothing.
     Answers how many leases were settled.
     """
-    rows = list(
-        Resource.objects.filter(mine, kind=LEASE_KIND, state__in=(ResourceState.LIVE, ResourceState.FAILED))
+    targets = list(
+        Resource.objects.filter(mine, kind=LEASE_KIND, state__in=rows.SWEPT_STATES)
         .order_by("id")
         .values_list("ref", "backend")
         .distinct()
     )
     settled = 0
-    for ref, backend in dict.fromkeys(rows):
+    for ref, backend in dict.fromkeys(targets):
         lease, target = registry.lease_for_ref(ref)
         if lease is None:
             continue

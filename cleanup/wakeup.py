@@ -33,9 +33,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from .conf import WAKE_SLEEP_MAX_S, setting
+from . import rows
+from .conf import WAKE_SLEEP_MAX_S, max_revert_attempts
 from .enqueue import WAKE, enqueue
-from .models import CLAIMABLE, TERMINAL, Resource, Run, RunStatus, Wake
+from .models import Resource, Run, RunStatus, Wake
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +63,10 @@ def next_due(now=None):
     ``wake_at``, or a ledger row the sweep would claim once its ``next_attempt_at`` passes."""
     now = now or timezone.now()
     run_at = Run.objects.filter(status=RunStatus.RUNNING, wake_at__gt=now).aggregate(at=Min("wake_at"))["at"]
-    row_at = Resource.objects.filter(
-        state__in=CLAIMABLE,
-        retryable=True,
-        revert_attempts__lt=setting("EVENT_REVERT_MAX_ATTEMPTS"),
-        run__status__in=TERMINAL,
-        run__auto_cleanup=True,
-        next_attempt_at__gt=now,
-    ).aggregate(at=Min("next_attempt_at"))["at"]
+    max_attempts = max_revert_attempts()
+    row_at = Resource.objects.filter(rows.backing_off(now, max_attempts) & rows.in_automatic_sweep()).aggregate(
+        at=Min("next_attempt_at")
+    )["at"]
     times = [at for at in (run_at, row_at) if at is not None]
     return min(times) if times else None
 

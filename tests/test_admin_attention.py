@@ -153,30 +153,41 @@ def test_a_placeholder_with_nothing_else_left_of_its_step_waits_for_a_person(cli
 
 
 def test_waiting_and_retrying_split_the_rows_of_ended_runs_exactly():
-    """`waiting_q` is written without negating `retrying_q` (for its plan); it must still be its complement."""
+    """`waiting_q` is written without negating `retrying_q` (for its plan); it must still be its
+    complement, over every state, attempt count and claim (live or run out, called or not)."""
     import itertools
 
     from cleanup.admin.lists import ended_unresolved, retrying_q, waiting_q
 
+    now = timezone.now()
     states = ["live", "reverting", "failed", "drifted", "reverted"]
+    claims = {"none": {}, "live": {"claim_expires_at": now + timedelta(minutes=1)}}
+    claims["expired"] = {"claim_expires_at": now - timedelta(minutes=1)}
     expected_waiting = set()
     expected_retrying = set()
     for status, auto in itertools.product([RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.CANCELLED], [True, False]):
         run = make_run(status=status, auto_cleanup=auto)
-        for state, retryable, attempts in itertools.product(states, [True, False], [0, 2, 3]):
+        for state, retryable, attempts, claim, called in itertools.product(
+            states, [True, False], [0, 2, 3], claims, [True, False]
+        ):
             r = row(
                 run,
-                f"{status}-{auto}-{state}-{retryable}-{attempts}",
+                f"{status}-{auto}-{state}-{retryable}-{attempts}-{claim}-{called}",
                 state=state,
                 retryable=retryable,
                 revert_attempts=attempts,
+                claim_called=called,
+                **claims[claim],
             )
-            if status == RunStatus.RUNNING or state == "reverted":
+            if status == RunStatus.RUNNING or state == "reverting" and claim == "none" or state == "reverted":
                 continue
-            retried = state == "reverting" or (state in ("live", "failed") and retryable and attempts < 3)
+            # Rule 20: a row being given back is tried again while its claim holds, or once it
+            # ran out, while it has attempts left or its dead claim never called.
+            in_hand = state == "reverting" and (claim == "live" or attempts < 3 or not called)
+            retried = in_hand or (state in ("live", "failed") and retryable and attempts < 3)
             (expected_retrying if auto and retried else expected_waiting).add(r.pk)
 
-    rows = ended_unresolved()
-    assert set(rows.filter(waiting_q(3)).values_list("pk", flat=True)) == expected_waiting
-    assert set(rows.filter(retrying_q(3)).values_list("pk", flat=True)) == expected_retrying
+    rows = ended_unresolved().exclude(state="reverting", claim_expires_at__isnull=True)
+    assert set(rows.filter(waiting_q(now, 3)).values_list("pk", flat=True)) == expected_waiting
+    assert set(rows.filter(retrying_q(now, 3)).values_list("pk", flat=True)) == expected_retrying
     assert expected_waiting and expected_retrying

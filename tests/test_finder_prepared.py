@@ -5,6 +5,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from cleanup import sql
 from cleanup.sweep import runs_needing_cleanup, statements
 from tests.fakes import make_rows, make_run, make_step
 
@@ -124,4 +125,4 @@ def test_a_site_whose_orm_binds_on_the_server_prepares_nothing_of_its_own(monkey
     # There the session's generic plans would reach every ORM query: the sweep stays out of it.
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
 
-    assert statements._prepares(connection) is False
+    assert sql._prepares(connection) is False

@@ -1,11 +1,12 @@
 """The admin's building blocks: what needs a person, and lists that never count a whole table.
 
-`attention` gives the counts the admin index leads with; every query behind it reads the
-partial indexes of unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
+`attention` gives the counts the admin index leads with, as the ledger row's owner
+(`cleanup.rows`) defines them; every query behind it reads the partial indexes of
+unresolved rows only. The paginator, the filters and `ReadOnlyAdmin`
 keep each list bounded: counts are capped, filter choices are fixed or read from the
 registry and the unresolved rows, and no page can save a row.
 
-May import models, conf, registry and outages, never another module of the admin; the
+May import models, conf, `cleanup.rows`, registry and outages, never another module of the admin; the
 admin's pages and the template tags import it.
 """
 
@@ -14,7 +15,6 @@ import functools
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Exists, OuterRef, Q
 from django.template.defaultfilters import truncatechars
 from django.urls import URLPattern, reverse
 from django.utils import timezone
@@ -23,9 +23,9 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import slugify
 
+from .. import rows as ledger_rows
 from ..conf import max_revert_attempts
 from ..models import (
-    CLAIMABLE,
     TERMINAL,
     UNRESOLVED,
     LogKind,
@@ -36,6 +36,7 @@ from ..models import (
     RunStatus,
     StepStatus,
 )
+from ..rows import ended_unresolved
 
 
 def actor(request):
@@ -72,43 +73,14 @@ def ago(seconds):
 # -- what needs a person ----------------------------------------------------------------
 
 
-def ended_unresolved(rows=None):
-    """The unresolved rows of ended runs that a person acts on: a step's placeholder only
-    when nothing else of its step is left (`without_covered_placeholders`).
-
-    The counts of `attention` and the lists they link to (`NeedsFilter`) both read it, so
-    a count and its list agree.
-    """
-    rows = Resource.objects.all() if rows is None else rows
-    # "Not of a running run" rather than a join with the ended ones: read beside the few
-    # running runs' partial index, not beside every run the retention window keeps.
-    running = Run.objects.filter(pk=OuterRef("run_id"), status=RunStatus.RUNNING)
-    return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
+def retrying_q(now, max_attempts):
+    """Unresolved rows the automatic sweep will still try (`rows.retrying`)."""
+    return ledger_rows.retrying(now, max_attempts)
 
 
-def _tried_again_q(max_attempts):
-    """Rows the sweep would try again if their run cleans up by itself: attempts left, or in hand now."""
-    return Q(state=ResourceState.REVERTING) | Q(state__in=CLAIMABLE, retryable=True, revert_attempts__lt=max_attempts)
-
-
-def _run_cleans_up_by_itself(flag):
-    # The run's flag read by its primary key for each row (an EXISTS), never by joining runs.
-    return Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=flag))
-
-
-def retrying_q(max_attempts):
-    """Unresolved rows the automatic sweep will still try: attempts left, or in hand now."""
-    return _run_cleans_up_by_itself(True) & _tried_again_q(max_attempts)
-
-
-def waiting_q(max_attempts):
-    """Unresolved rows the automatic sweep will not try again: a person retries or waives them.
-
-    Exactly the rows `retrying_q` leaves out, written without negating it: a run left to a
-    person is found through the partial index of such runs (they are few), not by reading
-    every run that cleans up by itself.
-    """
-    return _run_cleans_up_by_itself(False) | ~_tried_again_q(max_attempts)
+def waiting_q(now, max_attempts):
+    """Unresolved rows the automatic sweep will not try again (`rows.waiting_for_person`)."""
+    return ledger_rows.waiting_for_person(now, max_attempts)
 
 
 def attention(user):
@@ -122,10 +94,10 @@ def attention(user):
         if found["modules_down"] and user.has_perm("cleanup.view_resource") and site_backends():
             found["backends_down"] = backends_down()
     if user.has_perm("cleanup.view_resource"):
-        max_attempts = max_revert_attempts()
+        max_attempts, now = max_revert_attempts(), timezone.now()
         rows = ended_unresolved()
-        found["retrying"] = rows.filter(retrying_q(max_attempts)).count()
-        found["waiting"] = rows.filter(waiting_q(max_attempts)).count()
+        found["retrying"] = rows.filter(retrying_q(now, max_attempts)).count()
+        found["waiting"] = rows.filter(waiting_q(now, max_attempts)).count()
         oldest = rows.order_by("created_at", "id").values("id", "created_at").first()
         if oldest:
             found["oldest"] = {
@@ -188,13 +160,13 @@ class NeedsFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request, queryset):
-        max_attempts = max_revert_attempts()
+        max_attempts, now = max_revert_attempts(), timezone.now()
         if self.value() == "unresolved":
             return queryset.filter(state__in=UNRESOLVED)
         if self.value() == "retrying":
-            return ended_unresolved(queryset).filter(retrying_q(max_attempts))
+            return ended_unresolved(queryset).filter(retrying_q(now, max_attempts))
         if self.value() == "waiting":
-            return ended_unresolved(queryset).filter(waiting_q(max_attempts))
+            return ended_unresolved(queryset).filter(waiting_q(now, max_attempts))
         return queryset
 
 
@@ -433,7 +405,7 @@ def attempt_text(row, max_attempts, now):
     at = f" at {short_when(row.updated_at)}" if getattr(row, "updated_at", None) else ""
     if not row.retryable:
         return f"given up after {n} (not retryable){at}"
-    if n >= max_attempts:
+    if not ledger_rows.holds(row, ledger_rows.attempts_left(max_attempts)):
         return f"given up after {n} of {max_attempts}{at}"
     if not row.run.auto_cleanup:
         return "waiting for a person (cancelled without cleanup)"
@@ -460,13 +432,7 @@ def state_shown(row):
 
 def next_attempt(row, max_attempts):
     """When the sweep will try the row again, or None: never for a row that waits for a person."""
-    if (
-        row.state not in CLAIMABLE
-        or not row.retryable
-        or row.revert_attempts >= max_attempts
-        or row.run.status not in TERMINAL
-        or not row.run.auto_cleanup
-    ):
+    if not ledger_rows.holds(row, ledger_rows.awaits_sweep(max_attempts)):
         return None
     return row.next_attempt_at or row.run.ended_at or row.created_at
 
@@ -484,8 +450,9 @@ def mark_waiting(rows, max_attempts):
 
     rows = list(rows)
     reasons = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+    waits = ledger_rows.awaits_sweep(max_attempts)
     for row in rows:
-        row.waiting = reasons.get((row.module, row.backend)) if outages.row_waits(row, max_attempts) else None
+        row.waiting = reasons.get((row.module, row.backend)) if ledger_rows.holds(row, waits) else None
     return rows
 
 

@@ -1,6 +1,6 @@
 """What the API reads and writes: small input serializers, and the engine's objects out.
 
-May import: the models, conf, `outages`, `validation`, `plan` (its codes) and the API's errors.
+May import: the models, conf, `cleanup.rows`, `outages`, `validation`, `plan` (its codes) and the API's errors.
 """
 
 from django.utils import timezone
@@ -8,9 +8,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .. import outages, validation
+from .. import rows as ledger_rows
 from ..conf import max_revert_attempts
 from ..models import (
-    OWING,
     CleanupStatus,
     ModuleEvent,
     ModuleState,
@@ -332,12 +332,13 @@ class ResourceSerializer(serializers.ModelSerializer):
         if down is None:
             down = outages.waiting_on([key])
         health = down.get(key)
-        if health is None or not outages.row_waits(row, max_revert_attempts()):
+        if health is None or not ledger_rows.holds(row, ledger_rows.awaits_sweep(max_revert_attempts())):
             return None
         return WaitingSerializer(health.waiting()).data
 
     def _tried_again(self, row):
-        return row.retryable and row.state in OWING and row.revert_attempts < max_revert_attempts()
+        """Will the sweep still try the row (`rows.tried_again`): what ``retryable`` says (rule 33)."""
+        return ledger_rows.holds(row, ledger_rows.tried_again(timezone.now(), max_revert_attempts()))
 
     @extend_schema_field(serializers.BooleanField())
     def get_retryable(self, row):

@@ -5,8 +5,9 @@ runs that still owe something and claim their first groups in one conditional UP
 (`claims`); make the module calls concurrently, outside any transaction (`dispatch`,
 with `leases` for rule 13); write every verdict of the batch with its log and attempts,
 only on rows that still carry the claim's token (`verdicts`), and the runs' cleanup
-statuses in the same transaction (`statuses`). `statements` and `sets` are the SQL the
-stages send. Work is found from the rows, never from a flag (rule 2).
+statuses in the same transaction (`statuses`). `statements` is the SQL the stages send,
+compiled from the row owner's predicates (`cleanup.rows`), whose transitions every stage
+calls. Work is found from the rows, never from a flag (rule 2).
 
 This module is the pass's public face: `sweep`, `cleanup_run`, `run_batch`, `Ahead`,
 `CleanupRefused`, `SweepResult`, `refresh_cleanup_status`, `runs_needing_cleanup`, `past`.
@@ -28,7 +29,7 @@ from ..models import Run
 from . import claims, dispatch, statuses, verdicts
 from .claims import runs_needing_cleanup
 from .dispatch import past
-from .statuses import refresh_cleanup_status
+from .statuses import refresh_cleanup_status, reset_for_person
 from .verdicts import Summary
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "cleanup_run",
     "past",
     "refresh_cleanup_status",
+    "reset_for_person",
     "run_batch",
     "runs_needing_cleanup",
     "sweep",
@@ -78,7 +80,7 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
 
     ``reset`` is a person's request (``cleanup_run --reset``, rule 6): it puts every
     unresolved row of the run back under the attempt ceiling, with its counter at zero
-    (`Run.reset_for_person`). The automatic sweep never sets it. Past ``deadline`` no
+    (`statuses.reset_for_person`). The automatic sweep never sets it. Past ``deadline`` no
     further group is started; what is left waits for the next pass. ``summary.work_left``
     says that the pass stopped at a bound with groups left to work; ``ahead`` (an `Ahead`)
     is called as soon as the claim shows it.
@@ -87,7 +89,7 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
     if not run.is_terminal:
         raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
     if reset:
-        run.reset_for_person(actor)
+        reset_for_person(run, actor)
     summaries, work_left = run_batch([run.pk], by=actor or by, deadline=deadline, skip_locked=False, ahead=ahead)
     summary = summaries.get(run.pk)
     if summary is None:

@@ -6,19 +6,18 @@ their claimable groups (a lease row, a step's rows, or one loose row, leases fir
 claims the first ``EVENT_CLEANUP_GROUPS_PER_RUN`` groups of each in one conditional
 UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and returns
 the rows as the module calls need them, so nothing is read twice.
-May import: the models, conf, `outages`, `statements`.
+May import: the models, conf, `outages`, `cleanup.rows`, `statements`.
 """
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import outages
-from ..conf import claim_timeout_s, max_revert_attempts, setting
-from ..models import LEASE_KIND, Resource, ResourceState
+from .. import outages, rows
+from ..conf import max_revert_attempts, setting
+from ..models import LEASE_KIND, Resource
 from . import statements
 
 
@@ -160,96 +159,35 @@ def claim(run_ids, token, *, skip_locked=True, limit=None, canaries=frozenset(),
     with transaction.atomic():
         taken = take_runs(run_ids, now, skip_locked, limit)
         groups, work_left = pick_groups(taken, now, per_run, down, canaries) if taken else ([], False)
-        rows = _claim_rows(taken, groups, token, now) if groups else []
+        claimed = _claim_rows(taken, groups, token, now) if groups else []
     for module, backend in down - set(canaries):
         # Rows of these runs that began waiting since the backend went down leave the
         # finder until its next probe.
         until = outages.waiting_until(module, now, backend=backend) or now
         outages.defer_waiting(module, until, run_ids=taken, backend=backend)
-    return Batch(token, _attach(groups, rows), work_left)
+    return Batch(token, _attach(groups, claimed), work_left)
 
 
 def _claim_rows(run_ids, groups, token, now):
-    """Claim the groups' rows that are still claimable; answers the rows taken.
-
-    Each claim counts one attempt. Taking over an abandoned claim counts another and
-    keeps the one the dead sweeper spent if its call had started, so a module that kills
-    its caller cannot be retried for ever; a claim that died before its call gives its
-    attempt back.
-    """
+    """Claim the groups' rows that are still claimable (`rows.claim`); answers the rows taken."""
     steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
     where, where_params = statements.claim_rows(run_ids, steps, alone, now, max_revert_attempts())
-    return _update_returning(where, where_params, token, now + timedelta(seconds=claim_timeout_s()), now)
-
-
-def _update_returning(where, where_params, token, expires, now):
-    """The claim of the rows ``where`` selects, answering the rows it changed
-    (UPDATE ... RETURNING: Django's ``update()`` answers a count only)."""
-    meta = Resource._meta
-    names = ("state", "claim_token", "claim_expires_at", "updated_at", "claim_called", "claim_shared")
-    prep = {name: meta.get_field(name) for name in names}
-    values = {
-        "state": ResourceState.REVERTING.value,
-        "claim_token": token,
-        "claim_expires_at": expires,
-        "updated_at": now,
-        "claim_called": False,
-        "claim_shared": False,
-    }
-    sets = ", ".join(f"{connection.ops.quote_name(prep[n].column)} = %s" for n in values)
-    params = [prep[n].get_db_prep_save(v, connection) for n, v in values.items()]
-    columns = (
-        "id",
-        "run_id",
-        "step_id",
-        "kind",
-        "ref",
-        "payload",
-        "member_key",
-        "revert_attempts",
-        "action",
-        "backend",
-    )
-    table = connection.ops.quote_name(meta.db_table)
-    sql = (
-        f"UPDATE {table} SET {sets}, revert_attempts = revert_attempts + {_SPENT} WHERE {where} "
-        f"RETURNING {', '.join(connection.ops.quote_name(c) for c in columns)}"
-    )
-    fetched = statements.fetch_prepared(sql, [*params, *where_params])
-    payload_field = meta.get_field("payload")
-    return [Row(*values[:5], _json(payload_field, values[5]), *values[6:]) for values in fetched]
-
-
-# What a claim adds to a row's attempts: one, less the dead claim's own when it never
-# called or was marked with others of its wave (SET reads the row as it was; rule 20).
-_SPENT = "CASE WHEN state = 'reverting' AND (NOT claim_called OR claim_shared) THEN 0 ELSE 1 END"
+    payload_field = Resource._meta.get_field("payload")
+    return [
+        Row(*values[:5], _json(payload_field, values[5]), *values[6:])
+        for values in rows.claim(where, where_params, token, now)
+    ]
 
 
 def mark_called(token, groups):
-    """Just before their calls: the groups' rows were called under this claim. One UPDATE
-    in autocommit, so that a sweeper killed in a call has spent its attempt.
-
-    A wave of several calls is marked shared: when its sweeper dies, a call of the wave may
-    not have started before another took the process down, so its attempt is given back and
-    the group is next called alone (rule 20). A call marked alone has spent its attempt.
-
-    On PostgreSQL its commit does not wait for the WAL to reach the disk (it is visible to
-    every other sweeper at once, which is what a takeover reads): a wave costs half as
-    much, and only a crash of the database server itself in the next moment could lose a
-    mark, whose attempt would then be given back once.
-    """
+    """Just before their calls: the groups' rows were called under this claim
+    (`rows.mark_called`), so that a sweeper killed in a call has spent its attempt."""
     if not groups:
         return 0
     steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
     alone = [g.key for g in groups if g.kind != "step"]
-    where, params = statements.called_rows(token, steps, alone)
-    if connection.vendor == "postgresql":
-        where += " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
-    return statements.execute_prepared(
-        f"UPDATE {statements.names()[0]} SET claim_called = %s, claim_shared = %s WHERE {where}",
-        [True, len(groups) > 1, *params],
-    )
+    return rows.mark_called(*statements.called_rows(token, steps, alone), shared=len(groups) > 1)
 
 
 def _json(field_, value):
@@ -257,10 +195,10 @@ def _json(field_, value):
     return decoded if isinstance(decoded, dict) else {}
 
 
-def _attach(groups, rows):
+def _attach(groups, claimed):
     """Give each claimed row to its group; groups whose rows were all taken by others drop out."""
     by_key = {(g.kind, g.key, g.backend) if g.kind == "step" else (g.kind, g.key): g for g in groups}
-    for row in sorted(rows, key=lambda r: r.pk):
+    for row in sorted(claimed, key=lambda r: r.pk):
         if row.kind == LEASE_KIND:
             key = ("lease", row.pk)
         elif row.step_id is not None:

@@ -12,7 +12,7 @@ A call that outlives its budget is not stopped (nothing can stop it) and not ret
 while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
 claim while the call still runs in this process and lets it go once the call ends. If
 the process dies the claim simply expires, as any dead sweeper's does.
-May import: the models, conf, `logs`, `calls`, `registry`, `outages`, `leases`.
+May import: the models, conf, `cleanup.rows`, `logs`, `calls`, `registry`, `outages`, `leases`.
 """
 
 import logging
@@ -27,11 +27,11 @@ from django.db import DatabaseError, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import calls, outages, registry
+from .. import calls, outages, registry, rows
 from ..calls import Outcome, Verdict
 from ..conf import claim_timeout_s, setting
 from ..logs import log_context
-from ..models import LEASE_KIND, STEP_KIND, Resource, ResourceState
+from ..models import LEASE_KIND, STEP_KIND, Resource
 from .claims import mark_called
 from .leases import HANDED_DOWN, give_back_lease
 
@@ -329,9 +329,9 @@ def keep_overdue_claims():
     running = [h for h in holds if not h.future.done()]
     if running:
         until = timezone.now() + timedelta(seconds=claim_timeout_s())
-        _held_rows(running).update(claim_expires_at=until)
+        rows.keep_claims(_held_rows(running), until)
     if ended:
-        _held_rows(ended).update(claim_token=None, claim_expires_at=None)
+        rows.let_go_claims(_held_rows(ended))
     with _holds_lock:
         for hold in ended:
             # The keeper's thread and a pass may both have seen it end: the first removes it.
@@ -344,7 +344,7 @@ def _held_rows(holds):
     condition = Q()
     for hold in holds:
         condition |= hold.selector & Q(claim_token=hold.token)
-    return Resource.objects.filter(condition, state=ResourceState.FAILED)
+    return condition
 
 
 def _after_fork():

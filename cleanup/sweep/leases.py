@@ -4,7 +4,7 @@ While several runs lease one target, the value in force is the newest lease's, s
 the newest may restore; an older lease that ends hands its baseline down and resolves.
 Applies do not always land in ledger order, or say that they landed, so the rules below
 also read a lease's ``confirmed`` flag and the value a restore finds in place.
-May import: the models, `calls`, `registry`, `outages`.
+May import: the models, `calls`, `registry`, `outages`, `cleanup.rows`, `statements`.
 """
 
 from dataclasses import dataclass
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from .. import calls, outages, registry
+from .. import calls, outages, registry, rows
 from ..calls import Outcome, Verdict
-from ..models import LEASE_KIND, UNRESOLVED, Attempt, AttemptOutcome, LogKind, Resource, ResourceState, RunLog
+from ..models import LEASE_KIND, UNRESOLVED, Attempt, AttemptOutcome, LogKind, Resource, RunLog
+from . import statements
 
 # What `give_back_lease` answers when the lease handed its baseline down and its row is
 # already resolved.
@@ -64,7 +65,7 @@ def give_back_lease(run_id, row, token):
 
 
 def _held_payload(row, token):
-    payload = Resource.objects.held_by(token).filter(pk=row.pk).values_list("payload", flat=True).first()
+    payload = Resource.objects.filter(rows.held_by(token), pk=row.pk).values_list("payload", flat=True).first()
     return None if payload is None else payload if isinstance(payload, dict) else {}
 
 
@@ -90,7 +91,7 @@ def _restore(run_id, row, token, lease, target):
         return calls.classify_revert(answer, row.ref)
 
     # The attempt is spent by the call: a sweeper that dies in it has used it up.
-    Resource.objects.held_by(token).filter(pk=row.pk).update(claim_called=True)
+    rows.mark_called(*statements.called_rows(token, [], [row.pk]))
     verdict = restore(payload["applied"])
     if verdict.outcome == Outcome.DRIFTED:
         # Another open lease's value is in place: it holds the target (it leased it
@@ -117,22 +118,16 @@ def _pass_baseline_if_held(row, token):
     this row is still held by ``token``. A restore that answers after its claim was taken
     over hands nothing down (the newer sweeper decides for the row)."""
     with transaction.atomic():
-        if not Resource.objects.select_for_update().held_by(token).filter(pk=row.pk).exists():
+        if not rows.lock(Resource.objects.filter(rows.held_by(token), pk=row.pk)).exists():
             return False
         _pass_baseline(row, [n for n in _open_leases(row) if n.pk > row.pk])
     return True
 
 
-def _confirmed(lease_row):
-    """Did the lease's ``apply`` answer success? Rows that do not say were applied."""
-    return not (isinstance(lease_row.payload, dict) and lease_row.payload.get("confirmed") is False)
-
-
 def _open_leases(row):
     """The other unresolved leases on ``row``'s target (on its backend), oldest first, locked."""
     return list(
-        Resource.objects.select_for_update()
-        .filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED)
+        rows.lock(Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED))
         .exclude(pk=row.pk)
         .order_by("id")
     )
@@ -151,29 +146,21 @@ def settle_forgotten(ref, backend, value, reason):
     now = timezone.now()
     settled = 0
     with transaction.atomic():
-        rows = list(
-            Resource.objects.select_for_update()
-            .filter(kind=LEASE_KIND, ref=ref, backend=backend, state__in=UNRESOLVED)
-            .order_by("id")
+        stack = list(
+            rows.lock(
+                Resource.objects.filter(kind=LEASE_KIND, ref=ref, backend=backend, state__in=UNRESOLVED)
+            ).order_by("id")
         )
-        for index, row in enumerate(rows):
+        for index, row in enumerate(stack):
             payload = row.payload if isinstance(row.payload, dict) else {}
-            if row.state not in (ResourceState.LIVE, ResourceState.FAILED) or "baseline" not in payload:
+            if row.state not in rows.SWEPT_STATES or "baseline" not in payload:
                 continue
             if value != payload["baseline"] or value == payload.get("applied"):
                 continue
-            if row.state == ResourceState.FAILED and row.claim_expires_at and row.claim_expires_at > now:
+            if rows.holds(row, rows.held_past_budget(now)):
                 continue  # a restore past its budget may still land: its claim decides
-            Resource.objects.filter(pk=row.pk, state=row.state).update(
-                state=ResourceState.ORPHANED,
-                last_error=reason,
-                claim_token=None,
-                claim_expires_at=None,
-                next_attempt_at=None,
-                resolved_at=now,
-                updated_at=now,
-            )
-            heirs = [n for n in rows[index + 1 :] if n.state in UNRESOLVED][:1]
+            rows.orphan_lease(row, reason, now)
+            heirs = [n for n in stack[index + 1 :] if n.state in UNRESOLVED][:1]
             row.payload = payload
             _pass_baseline(row, heirs)
             for heir in heirs:
@@ -193,7 +180,7 @@ def settle_forgotten(ref, backend, value, reason):
 
 
 def _next_confirmed(row, open_rows):
-    return next((n for n in open_rows if n.pk > row.pk and _confirmed(n)), None)
+    return rows.heir(row, open_rows)
 
 
 def _next_newer(row, open_rows):
@@ -213,7 +200,7 @@ def _pass_baseline(row, heirs):
     """
     baseline = row.payload["baseline"]
     carried = list(row.payload.get("also_expected", []))
-    if not _confirmed(row):
+    if not rows.lease_confirmed(row):
         carried.append(row.payload["applied"])
     for heir in heirs:
         payload = dict(heir.payload or {})
@@ -238,23 +225,10 @@ def hand_down(run_id, row, token, choose):
             return None
         # A newer lease held by another sweeper is being restored; one claimed by this
         # same batch waits for its turn in this pass and reads the baseline then.
-        held_elsewhere = heir.claim_token != token and heir.claim_expires_at and heir.claim_expires_at > timezone.now()
-        if heir.state == ResourceState.REVERTING and held_elsewhere:
+        if rows.holds(heir, rows.claimed_by_another(token, timezone.now())):
             return Verdict.retry(f"a newer lease on this target (row {heir.pk}) is being restored; try again after it")
         _pass_baseline(row, [n for n in open_rows if row.pk < n.pk < heir.pk] + [heir])
-        resolved = (
-            Resource.objects.held_by(token)
-            .filter(pk=row.pk)
-            .update(
-                state=ResourceState.REVERTED,
-                claim_token=None,
-                claim_expires_at=None,
-                last_error="",
-                resolved_at=timezone.now(),
-                updated_at=timezone.now(),
-            )
-        )
-        if not resolved:
+        if not rows.hand_down(token, row.pk, timezone.now()):
             # Our claim was taken over: leave the other rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")

@@ -2,29 +2,25 @@
 work, and counting a batch's rows for its runs' statuses.
 
 Every pass sends them, so building them through the ORM each time would cost more than
-running them. The rules themselves stay written once, as querysets
-(`ResourceQuerySet.claimable`, the owing states): their WHERE clauses are compiled here
-once per database and attempt ceiling, with a stand-in for "now" that `bind` replaces.
-Lists of ids travel as one array on PostgreSQL (``= ANY(%s)``), as ``IN (...)`` elsewhere.
-May import: the models only.
+running them. The rules themselves stay written once, as the row owner's predicates
+(`cleanup.rows`: claimable, owing, suspect, keeps a run pending): their WHERE clauses are
+compiled here once per database and attempt ceiling, with a stand-in for "now" that `bind`
+replaces. Lists of ids travel as one array (``= ANY(%s)``). They are sent as prepared
+statements (`cleanup.sql`).
+May import: the models, `cleanup.rows`, `cleanup.sql`.
 """
 
 import functools
 from datetime import UTC, datetime
 
 from django.db import connection
-from django.db.models import Q
 
-from ..models import LEASE_KIND, OWING, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
+from .. import rows
+from ..models import LEASE_KIND, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
+from ..sql import fetch_prepared
 
 # Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
 _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-# A row whose claim expired again after an earlier attempt, its module called: its
-# sweepers keep dying in the call. Or whose sweeper died in a wave of calls: maybe its own
-# call took the wave down, maybe another's; called alone, its next attempt tells (rule 20).
-SUSPECT = Q(state=ResourceState.REVERTING, claim_called=True) & (Q(revert_attempts__gte=2) | Q(claim_shared=True))
 
 
 def bind(params, now):
@@ -34,100 +30,9 @@ def bind(params, now):
     return [at if p == sentinel else p for p in params]
 
 
-def execute_prepared(sql, params):
-    """`fetch_prepared` for a statement that returns no rows; answers its row count."""
-    return fetch_prepared(sql, params, rows=False)
-
-
-def fetch_prepared(sql, params, rows=True):
-    """Rows of a statement sent as a server-side prepared statement on PostgreSQL.
-
-    Django binds parameters on the client, so PostgreSQL parses and plans each statement
-    anew; for the finder, which every pass sends, planning costs more than running it.
-    Prepared once per connection (with one generic plan: its shape does not depend on
-    the values), it is only executed after that. The cursor goes through Django's wrappers
-    like any other (query logging, execute wrappers, error translation). A site behind a
-    transaction-pooling PgBouncer sets ``DISABLE_SERVER_SIDE_CURSORS`` (the site's
-    ``DATABASE_TRANSACTION_POOLER``) and gets the plain way.
-    """
-    raw = _preparing_connection()
-    if raw is None:
-        cursor = connection.cursor()
-    elif connection.queries_logged:
-        cursor = connection.make_debug_cursor(_prepared_cursor_class()(raw))
-    else:
-        cursor = connection.make_cursor(_prepared_cursor_class()(raw))
-    with cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if rows else cursor.rowcount
-
-
-def _preparing_connection():
-    """The psycopg connection to prepare statements on, or None where that is not done."""
-    if not _prepares(connection):
-        return None
-    connection.ensure_connection()
-    raw = connection.connection
-    if not getattr(raw, "_cleanup_prepares", False):
-        _ready(connection)
-    return raw
-
-
-def _prepares(wrapper):
-    """Prepare on this connection? Not behind a transaction pooler, and not where Django's
-    own cursors bind on the server (``server_side_binding``): there the session setting
-    below would give every ORM query a generic plan too."""
-    settings_dict = wrapper.settings_dict
-    return (
-        wrapper.vendor == "postgresql"
-        and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
-        and not (settings_dict.get("OPTIONS") or {}).get("server_side_binding")
-    )
-
-
-def ready_new_connection(sender, connection, **kwargs):
-    """``connection_created``: ready a PostgreSQL connection for the prepared statements
-    while it is still in autocommit, so that no rollback undoes the setting."""
-    if _prepares(connection):
-        _ready(connection)
-
-
-def _ready(wrapper):
-    raw = wrapper.connection
-    with wrapper.wrap_database_errors:
-        # Django's own cursors bind on the client and never prepare, whatever this says;
-        # psycopg prepares nothing at all while it is None (Django's default).
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = PREPARE_THRESHOLD
-        with raw.cursor() as cursor:
-            cursor.execute("SET plan_cache_mode = force_generic_plan")
-    # A SET in a transaction that rolls back is undone: it is sent again next time then.
-    raw._cleanup_prepares = not wrapper.in_atomic_block
-
-
-# psycopg's own default: a statement run this often is prepared (ours say so at once).
-PREPARE_THRESHOLD = 5
-
-
-@functools.cache
-def _prepared_cursor_class():
-    import psycopg
-
-    class Prepared(psycopg.Cursor):
-        def execute(self, query, params=None, **kwargs):
-            return super().execute(query, params, prepare=True, **kwargs)
-
-    return Prepared
-
-
 def in_list(column, values):
-    """``column`` is one of ``values``: SQL and params."""
-    values = list(values)
-    if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)", [values]
-    if not values:
-        return "1 = 0", []
-    return f"{column} IN ({', '.join(['%s'] * len(values))})", values
+    """``column`` is one of ``values``: SQL and params (one array)."""
+    return f"{column} = ANY(%s)", [list(values)]
 
 
 def where(queryset):
@@ -140,8 +45,6 @@ def where(queryset):
     """
     query = queryset.query
     sql, params = query.get_compiler(connection=connection).compile(query.where)
-    if connection.vendor != "postgresql":
-        return sql, tuple(params)
     sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
     pieces, kept = sql.split("%s"), []
     if len(pieces) != len(params) + 1:  # a literal "%s" in the clause: leave it as it is
@@ -164,13 +67,13 @@ def names():
 
 @functools.lru_cache(maxsize=16)
 def claimable(alias, max_attempts):
-    """`ResourceQuerySet.claimable` as a WHERE clause on the resource table, "now" unbound."""
-    return where(Resource.objects.claimable(_SENTINEL, max_attempts))
+    """`rows.claimable` as a WHERE clause on the resource table, "now" unbound."""
+    return where(Resource.objects.filter(rows.claimable(_SENTINEL, max_attempts)))
 
 
 @functools.lru_cache(maxsize=16)
 def suspect(alias):
-    return where(Resource.objects.filter(SUSPECT))
+    return where(Resource.objects.filter(rows.suspect()))
 
 
 @functools.lru_cache(maxsize=16)
@@ -180,7 +83,7 @@ def finder(alias, max_attempts):
     The run's own conditions are a subquery per owing run, not a join, so the scan stops
     at the limit instead of walking every run that owes something (a join may be hashed).
     """
-    owing_sql, owing_params = where(Resource.objects.filter(state__in=OWING, retryable=True))
+    owing_sql, owing_params = where(Resource.objects.filter(rows.owing()))
     claimable_sql, claimable_params = claimable(alias, max_attempts)
     resource, run, _ = names()
     statuses = ", ".join(["%s"] * len(TERMINAL))
@@ -214,10 +117,8 @@ def take_runs(run_ids, now, max_attempts, skip_locked, limit):
     if limit:
         sql += " LIMIT %s"
         params.append(limit)
-    features = connection.features
-    if features.has_select_for_update:
-        skip = skip_locked and features.has_select_for_update_skip_locked
-        sql += " " + connection.ops.for_update_sql(skip_locked=skip)
+    sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
+    rows.taking(rows.RUNS)
     return [run_id for (run_id,) in fetch_prepared(sql, params)]
 
 
@@ -266,16 +167,8 @@ def heads(run_ids, now, max_attempts):
 def in_pairs(columns, pairs):
     """``(a, b)`` is one of ``pairs``: SQL and params (two arrays on PostgreSQL)."""
     pairs = list(pairs)
-    if connection.vendor == "postgresql":
-        firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
-        return f"({columns[0]}, {columns[1]}) IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[]))", [
-            firsts,
-            seconds,
-        ]
-    if not pairs:
-        return "1 = 0", []
-    values = ", ".join(["(%s, %s)"] * len(pairs))
-    return f"({columns[0]}, {columns[1]}) IN (VALUES {values})", [v for pair in pairs for v in pair]
+    firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
+    return f"({columns[0]}, {columns[1]}) IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[]))", [firsts, seconds]
 
 
 def claim_rows(run_ids, steps, alone, now, max_attempts):
@@ -311,7 +204,7 @@ def called_rows(token, steps, alone):
 @functools.lru_cache(maxsize=16)
 def _status_counts(alias, max_attempts):
     unresolved_sql, unresolved_params = where(Resource.objects.filter(state__in=UNRESOLVED))
-    retryable_sql, retryable_params = where(Resource.objects.retryable(max_attempts))
+    retryable_sql, retryable_params = where(Resource.objects.filter(rows.keeps_run_pending(max_attempts)))
     resource, _, _ = names()
     sql = (
         f"SELECT {resource}.run_id, COUNT(*), SUM(CASE WHEN {unresolved_sql} THEN 1 ELSE 0 END), "
@@ -322,7 +215,7 @@ def _status_counts(alias, max_attempts):
 
 def status_counts(run_ids, max_attempts):
     """Per run of ``run_ids``: its rows, its unresolved rows, and the rows the sweep will
-    still try (`ResourceQuerySet.retryable`). Runs without rows are absent."""
+    still try (`rows.keeps_run_pending`). Runs without rows are absent."""
     sql, params = _status_counts(connection.alias, max_attempts)
     resource, _, _ = names()
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)

@@ -1,23 +1,31 @@
-"""A run's cleanup status, made from its rows (rule 5), under a lock on the run.
+"""The owner of a run's ``cleanup_status``: made from its rows (rule 5), under a lock on the run.
 
-The verdicts of a batch and its runs' statuses are written in one transaction
-(`cleanup.sweep.verdicts`); a status left behind anyway is repaired by a later pass.
-May import: the models, conf, `statements`. Imported by the pass, the runner and `manual`.
+Nothing else writes it. The verdicts of a batch and its runs' statuses are written in one
+transaction (`cleanup.sweep.verdicts`); a status left behind anyway is repaired by a later
+pass (rule 24). A person's retry (`reset_for_person`, rule 6) and a resurrection
+(`reopen`, rule 14) put a run back to ``pending``.
+May import: the models, conf, `cleanup.rows`, `statements`. Imported by the pass, the
+runner, `manual` and `reconcile`.
 """
+
+import datetime as dt
+from collections.abc import Iterable
 
 from django.db import transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.utils import timezone
 
+from .. import rows
 from ..conf import max_revert_attempts
-from ..models import TERMINAL, CleanupStatus, Resource, Run
+from ..models import TERMINAL, AlertedStatus, CleanupStatus, LogKind, Resource, Run, RunLog
 from . import statements
 
 
-def lock_runs(run_ids):
+def lock_runs(run_ids: Iterable[int]) -> dict[int, tuple[bool, str]]:
     """Lock runs for a status write, in id order; answers ``{id: (auto_cleanup, status)}``."""
-    rows = Run.objects.select_for_update().filter(pk__in=run_ids).order_by("id")
-    return {pk: (auto, status) for pk, auto, status in rows.values_list("id", "auto_cleanup", "cleanup_status")}
+    rows.taking(rows.RUNS)
+    rows_ = Run.objects.select_for_update().filter(pk__in=list(run_ids)).order_by("id")
+    return {pk: (auto, status) for pk, auto, status in rows_.values_list("id", "auto_cleanup", "cleanup_status")}
 
 
 def write_statuses(runs, now):
@@ -65,7 +73,7 @@ def repair_statuses(limit):
     behind (by an older version, or a write that died between them); the next pass
     repairs it here. Answers how many runs were looked at.
     """
-    retryable = Resource.objects.filter(run=OuterRef("pk")).retryable(max_revert_attempts())
+    retryable = Resource.objects.filter(rows.keeps_run_pending(max_revert_attempts()), run=OuterRef("pk"))
     stale = list(
         Run.objects.filter(status__in=TERMINAL, cleanup_status=CleanupStatus.PENDING)
         .exclude(Exists(retryable))
@@ -86,3 +94,25 @@ def refresh_cleanup_status(run):
     status, unresolved = refresh_statuses([run.pk]).get(run.pk, (run.cleanup_status, 0))
     run.cleanup_status = status
     return unresolved
+
+
+def reopen(run_ids: Iterable[int], now: dt.datetime) -> int:
+    """Runs that have rows to give back again (rule 14's resurrections) are ``pending``."""
+    return Run.objects.filter(pk__in=list(run_ids)).update(cleanup_status=CleanupStatus.PENDING, updated_at=now)
+
+
+def reset_for_person(run: Run, actor: str | None) -> int:
+    """Rule 6: a person's cleanup puts the run's unresolved rows back in the sweep
+    (`rows.reset_for_person`); the run turns ``pending`` and back into the automatic sweep,
+    and the retry is logged with the person. Answers how many rows were reset. Only a
+    person's request calls this (`cleanup.manual`, ``cleanup_run --reset``).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        lock_runs([run.pk])
+        cleared = rows.reset_for_person(run.pk, now)
+        Run.objects.filter(pk=run.pk).update(cleanup_status=CleanupStatus.PENDING, auto_cleanup=True, updated_at=now)
+        # Staff were told it gave up; if it gives up again after this retry, that is news.
+        Run.objects.filter(pk=run.pk, alerted_status=AlertedStatus.GAVE_UP).update(alerted_status=AlertedStatus.RETRIED)
+        RunLog.write(run.pk, LogKind.CLEANUP_RETRY, resources=cleared, by=actor)
+    return cleared

@@ -5,57 +5,30 @@ the rows are locked first, so the log names exactly the rows that changed, and a
 sweeper whose claim was taken over writes nothing at all, not even a pass summary. The
 statuses of the batch's runs (`statuses`) are written in the same transaction as their
 rows, so a sweeper that dies leaves both as they were or both as they are now.
-May import: the models, conf, `outages`, `calls`, and `statuses`, `sets`, `statements`.
+May import: the models, conf, `cleanup.rows` (every transition), `cleanup.sql`, `outages`, `calls`, and
+`statuses`.
 """
 
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db import transaction
 from django.utils import timezone
 
-from .. import outages
+from .. import outages, rows
 from ..calls import Outcome
-from ..conf import claim_timeout_s, max_revert_attempts, setting
-from ..models import (
-    LEASE_KIND,
-    STEP_KIND,
-    Attempt,
-    AttemptOutcome,
-    LogKind,
-    Resource,
-    ResourceState,
-    RunLog,
-)
-from . import sets
+from ..conf import claim_timeout_s, max_revert_attempts
+from ..models import STEP_KIND, Attempt, AttemptOutcome, LogKind, Resource, RunLog
+from ..rows import DEAD_CLAIM
+from ..sql import insert
 from .statuses import lock_runs, write_statuses
 
 logger = logging.getLogger(__name__)
 
-DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
-LONGEST_BACKOFF = timedelta(days=30)
-# What a pass writes of each log entry and attempt (`sets.insert`).
+# What a pass writes of each log entry and attempt (`sql.insert`).
 LOG_FIELDS = ("run", "kind", "detail", "at")
 ATTEMPT_FIELDS = ("resource", "run", "number", "at", "outcome", "error", "by")
-
-
-class _Derived:
-    """A column's new value that the write derives from the row as it was, by name."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
-
-
-# The state before the claim: a row never tried goes back to live, one that failed before
-# stays failed.
-PREVIOUS_STATE = _Derived("PREVIOUS_STATE")
-# The claim's attempt is given back: the row's counter goes down by one.
-ATTEMPT_GIVEN_BACK = _Derived("ATTEMPT_GIVEN_BACK")
 
 
 @dataclass
@@ -95,7 +68,7 @@ def write(batch, called, by, summaries=None):
             summary.remaining = remaining
             if summary.attempted:
                 entries.append(RunLog(run_id=run_id, kind=LogKind.CLEANUP_SWEPT, at=now, detail=summary.logged(by)))
-        sets.insert(entries, LOG_FIELDS)
+        insert(entries, LOG_FIELDS)
     return summaries
 
 
@@ -104,7 +77,7 @@ def write_now(token, called, summaries, by=""):
     which the next lease on its target must see); the batch's `write` adds the statuses."""
     now = timezone.now()
     with transaction.atomic():
-        sets.insert(_write_rows(token, called, summaries, now, by), LOG_FIELDS)
+        insert(_write_rows(token, called, summaries, now, by), LOG_FIELDS)
 
 
 def _write_rows(token, called, summaries, now, by=""):
@@ -114,7 +87,7 @@ def _write_rows(token, called, summaries, now, by=""):
     # mark-down locks them before it forgives the rows' attempts; either it came first and
     # these rows wait, or it comes after this commit and forgives what they spent.
     _note_waiting(called, now)
-    held = set(Resource.objects.select_for_update().held_by(token).values_list("id", flat=True))
+    held = set(rows.lock(Resource.objects.filter(rows.held_by(token))).values_list("id", flat=True))
     # A step whose rows are on several backends is several groups: written row by row.
     steps = [r.group.key for r in called if r.group.kind == "step"]
     split = {key for key in steps if steps.count(key) > 1}
@@ -126,7 +99,7 @@ def _write_rows(token, called, summaries, now, by=""):
             entries.append(entry)
             attempts.extend(_attempts(result, held, now, by))
     changes.apply(token)
-    sets.insert(attempts, ATTEMPT_FIELDS)
+    insert(attempts, ATTEMPT_FIELDS)
     return entries
 
 
@@ -177,72 +150,46 @@ def _one(result, held, changes, summary, now):
         summary.attempted += len(group.rows)
         summary.reverted += 1
         return None
-    rows = [r for r in group.rows if r.pk in held]
+    mine = [r for r in group.rows if r.pk in held]
     if result.verdict is None:
-        changes.stage(group, rows, _not_started)
+        changes.stage(group, mine, _not_started)
         return None
-    if not rows:
+    if not mine:
         logger.warning("the verdict on %s for run %s came after its claim was taken over", result.what, group.run_id)
         return None
-    summary.attempted += len(rows)
-    changes.stage(group, rows, lambda row: _values(result, row, summary, now))
-    return _log_entry(result, rows, now)
+    summary.attempted += len(mine)
+    changes.stage(group, mine, lambda row: _values(result, row, summary, now))
+    return _log_entry(result, mine, now)
 
 
 def _not_started(row):
     """The pass's time ran out before the call: the claim is given back, and its attempt."""
-    return {
-        "state": PREVIOUS_STATE,
-        "revert_attempts": ATTEMPT_GIVEN_BACK,
-        "claim_token": None,
-        "claim_expires_at": None,
-    }
+    return rows.give_back_claim()
 
 
 def _values(result, row, summary, now):
-    """The columns one row's verdict writes (and counts it in ``summary``)."""
+    """The transition one row's verdict writes (`cleanup.rows`), counted in ``summary``."""
     verdict = result.verdict
-    release = {"claim_token": None, "claim_expires_at": None}
+    # A call still running past its budget keeps its rows claimed (renewed by `dispatch`)
+    # until it ends, so it is never retried while it may still act (rule 18).
+    keep = now + timedelta(seconds=claim_timeout_s()) if result.running is not None else None
     if verdict.outcome == Outcome.DONE:
         if row.ref in verdict.failed and row.kind != STEP_KIND:
             summary.failed += 1
-            error = not_given_back(result.what, row, verdict)
-            return {
-                "state": ResourceState.FAILED,
-                "last_error": error,
-                "next_attempt_at": _retry_at(row, now),
-                **release,
-            }
+            return rows.fail(not_given_back(result.what, row, verdict), row.revert_attempts, now, max_revert_attempts())
         summary.reverted += 1
-        return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **release}
+        return rows.given_back(now)
     if result.waited is not None and verdict.outcome == Outcome.RETRY:
         # Its module's backend is down: the failure is the outage's, not the row's. The
         # attempt is given back and the row waits for the module (`cleanup.outages`).
-        if result.running is not None:  # still held while the call runs, as below
-            release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
-        return {
-            "state": ResourceState.FAILED,
-            "revert_attempts": ATTEMPT_GIVEN_BACK,
-            "last_error": verdict.error,
-            "next_attempt_at": result.waited,
-            **release,
-        }
+        return rows.wait(verdict.error, result.waited, keep)
     if verdict.outcome == Outcome.DRIFTED:
         summary.drifted += 1
-        return {"state": ResourceState.DRIFTED, "last_error": verdict.error, **release}
+        return rows.drift(verdict.error)
     summary.failed += 1
     if verdict.outcome == Outcome.TERMINAL:
-        return {"state": ResourceState.FAILED, "last_error": verdict.error, "retryable": False, **release}
-    if result.running is not None:
-        # The call is still running: its rows stay held (renewed by `dispatch`)
-        # until it ends, so it is never retried while it may still act.
-        release = {"claim_expires_at": now + timedelta(seconds=claim_timeout_s())}
-    return {
-        "state": ResourceState.FAILED,
-        "last_error": verdict.error,
-        "next_attempt_at": _retry_at(row, now),
-        **release,
-    }
+        return rows.fail_for_good(verdict.error)
+    return rows.fail(verdict.error, row.revert_attempts, now, max_revert_attempts(), keep)
 
 
 def not_given_back(what, row, verdict):
@@ -253,18 +200,9 @@ def not_given_back(what, row, verdict):
     return f"{reason} ({said})" if reason else said
 
 
-def _retry_at(row, now):
-    """A retryable failure waits out a backoff that doubles with each attempt; a row with
-    no attempt left waits for nothing (a person's retry clears the counter)."""
-    if row.revert_attempts >= max_revert_attempts():
-        return None
-    seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, row.revert_attempts - 1)
-    return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
-
-
-def _log_entry(result, rows, now):
+def _log_entry(result, written, now):
     verdict = result.verdict
-    detail = {"what": result.what, "outcome": str(verdict.outcome), "resources": [f"{r.kind}:{r.ref}" for r in rows]}
+    detail = {"what": result.what, "outcome": str(verdict.outcome), "resources": [f"{r.kind}:{r.ref}" for r in written]}
     if verdict.error:
         detail["error"] = verdict.error
     if verdict.outcome == Outcome.DONE and verdict.failed:
@@ -289,112 +227,45 @@ class _Changes:
         self.rows = {}  # row id -> {column: value}, for rows not staged with their whole step
         self.steps = {}  # step id -> {column: value}, for a step's rows that all take the same
 
-    def stage(self, group, rows, values_of):
-        of_row = {row.pk: values_of(row) for row in rows}
+    def stage(self, group, staged, values_of):
+        of_row = {row.pk: values_of(row) for row in staged}
         same = len({tuple(sorted(values.items())) for values in of_row.values()}) == 1
         whole = group.kind == "step" and group.key not in self.split
-        if whole and same and len(rows) == len(group.rows):
-            self.steps[group.key] = of_row[rows[0].pk]
+        if whole and same and len(staged) == len(group.rows):
+            self.steps[group.key] = of_row[staged[0].pk]
         else:
             self.rows.update(of_row)
 
     def apply(self, token):
-        if not (self.steps or self.rows):
-            return
-        if connection.vendor == "postgresql":
-            self._apply_arrays(token)
-            return
-        updates = {column: self._case(column, by_value) for column, by_value in self._columns().items()}
-        # The rows still held were locked by this transaction (`_write_rows`): only they
-        # carry the token and match a WHEN. `held_by` reads them through the index of
-        # claimed rows, not the whole ledger.
-        Resource.objects.held_by(token).update(**updates, updated_at=self.now)
-
-    def _columns(self):
-        """``{column: {value: ([step ids], [row ids])}}``, for the ORM's CASEs."""
-        columns = {}
-        for position, staged in ((0, self.steps), (1, self.rows)):
-            for key, values in staged.items():
-                for column, value in values.items():
-                    columns.setdefault(column, {}).setdefault(value, ([], []))[position].append(key)
-        return columns
-
-    def _apply_arrays(self, token):
-        """The same write as one UPDATE over arrays of per-row values (`sets`)."""
-        held = "r.claim_token = %s AND r.state = %s"
-        # By step for the steps whose rows all take the same values (a step's rows but its
-        # leases), by row for the rest: a batch of large groups sends a value per group.
-        for changed, key, where in ((self.steps, "step", f"{held} AND NOT (r.kind = %s)"), (self.rows, None, held)):
-            if not changed:
-                continue
-            marked = {
-                k: {c: sets.SPECIAL if isinstance(v, _Derived) else v for c, v in vs.items()}
-                for k, vs in changed.items()
-            }
-            sets.update_by_id(
-                Resource,
-                marked,
-                where=where,
-                where_params=[token, ResourceState.REVERTING.value, *([LEASE_KIND] if key else [])],
-                expressions={
-                    # A row never tried stays live; one that failed before stays failed.
-                    "state": f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' "
-                    f"ELSE '{ResourceState.FAILED.value}' END",
-                    "revert_attempts": "r.revert_attempts - 1",
-                },
-                fixed={"updated_at": self.now},
-                key=key,
-            )
-
-    def _case(self, column, by_value):
-        field = Resource._meta.get_field(column)
-        whens = []
-        for value, (steps, pks) in by_value.items():
-            where = Q(pk__in=pks) | (Q(step_id__in=steps) & ~Q(kind=LEASE_KIND))
-            if value is PREVIOUS_STATE:
-                # A row never tried stays live; one that failed before stays failed.
-                whens.append(When(where & Q(last_error=""), then=Value(ResourceState.LIVE.value)))
-                value = ResourceState.FAILED.value
-            if value is ATTEMPT_GIVEN_BACK:
-                whens.append(When(where, then=F("revert_attempts") - 1))
-                continue
-            whens.append(When(where, then=Value(value, output_field=field)))
-        return Case(*whens, default=F(column), output_field=field)
+        if self.steps or self.rows:
+            rows.write_verdicts(token, self.steps, self.rows, self.now)
 
 
 def release_spent_claims(now, by=""):
-    """Claims of dead sweepers with no attempt left become failures a person can see, logged.
+    """Claims of dead sweepers with no attempt left become failures a person can see, logged
+    (`rows.release_spent_claims`, rule 20).
 
     Only claims whose call started alone: a sweeper that died before calling, or in a wave
     of calls, spent nothing, and the claim that takes its rows over gives the attempt back. Answers how many rows
     were released.
     """
-    spent = Resource.objects.filter(
-        state=ResourceState.REVERTING,
-        claim_expires_at__lt=now,
-        revert_attempts__gte=max_revert_attempts(),
-        claim_called=True,
-        claim_shared=False,
-    )
-    run_ids = set(spent.values_list("run_id", flat=True))
+    max_attempts = max_revert_attempts()
+    run_ids = rows.runs_with_spent_claims(now, max_attempts)
     if not run_ids:
         return 0
     with transaction.atomic():
         runs = lock_runs(run_ids)
-        rows = list(spent.select_for_update().order_by("id").only("id", "run_id", "kind", "ref", "revert_attempts"))
-        Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-            state=ResourceState.FAILED, claim_token=None, claim_expires_at=None, last_error=DEAD_CLAIM, updated_at=now
-        )
-        RunLog.objects.bulk_create(_expired_entries(rows, now))
-        Attempt.record(rows, AttemptOutcome.EXPIRED, DEAD_CLAIM, by=by, at=now)
+        released = rows.release_spent_claims(now, max_attempts)
+        RunLog.objects.bulk_create(_expired_entries(released, now))
+        Attempt.record(released, AttemptOutcome.EXPIRED, DEAD_CLAIM, by=by, at=now)
         write_statuses(runs, now)
-    return len(rows)
+    return len(released)
 
 
-def _expired_entries(rows, now):
+def _expired_entries(released, now):
     """One ``cleanup.failed`` entry per run, naming its rows whose sweeper died."""
     by_run = {}
-    for row in rows:
+    for row in released:
         by_run.setdefault(row.run_id, []).append(f"{row.kind}:{row.ref}")
     for run_id, resources in by_run.items():
         detail = {"outcome": AttemptOutcome.EXPIRED, "resources": resources, "error": DEAD_CLAIM}

@@ -9,6 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from cleanup import rows as ledger_rows
 from cleanup.conf import max_revert_attempts
 from cleanup.management.base import EventCommand, object_id, plain_text
 from cleanup.manual import check_cleanup
@@ -43,7 +44,7 @@ class Command(EventCommand):
         if run is None:
             raise CommandError(f"there is no run {run_id}")
         if now and run.is_terminal:
-            Resource.objects.filter(run=run).hurry(timezone.now(), max_revert_attempts())
+            ledger_rows.hurry(Resource.objects.filter(run=run), timezone.now(), max_revert_attempts())
         try:
             if reset:
                 check_cleanup(run)  # a person's retry of a run that owes nothing changes nothing
@@ -59,15 +60,16 @@ class Command(EventCommand):
         self.say_what_waits(run)
 
     def say_what_waits(self, run: Run) -> None:
-        rows, ceiling = Resource.objects.filter(run=run), max_revert_attempts()
-        waiting = rows.waiting_for_backoff(timezone.now(), ceiling)
-        waiting = waiting.aggregate(n=Count("id"), until=Min("next_attempt_at"))
+        rows, ceiling, at = Resource.objects.filter(run=run), max_revert_attempts(), timezone.now()
+        waiting = rows.filter(ledger_rows.backing_off(at, ceiling)).aggregate(
+            n=Count("id"), until=Min("next_attempt_at")
+        )
         if waiting["n"]:
             until = waiting["until"].isoformat(timespec="seconds")
             self.stdout.write(
                 f"{waiting['n']} row(s) wait for their backoff, the first until {until}; --now tries them now"
             )
-        stuck = rows.unresolved().exclude(pk__in=rows.retryable(ceiling).values("pk")).count()
+        stuck = rows.unresolved().exclude(ledger_rows.tried_again(at, ceiling)).count()
         if stuck:
             self.stdout.write(
                 f"{stuck} row(s) wait for a person (no attempt left, or refused for good); --reset tries them again"

@@ -1,0 +1,738 @@
+"""The ledger row's owner: what a row is (its predicates) and what happens to it (its transitions).
+
+Every question about a row ("may the sweep claim it now?", "will the sweep try it
+again?", "may a person act on it?") is answered here, once, as a `Q` built by one function.
+The same `Q` filters a queryset, compiles to the SQL the pass prepares
+(`cleanup.sweep.statements` compiles these, never its own), and answers for one row
+already read (`holds`), so a page, a serializer and the sweep cannot disagree.
+
+Every change of a row's ``state``, its attempt counter or its claim is one named function
+here (the state table in docs/architecture.md lists them with their rules and callers);
+no other module writes those columns, which `tests/test_row_owner.py` checks by reading
+the code. A run's ``cleanup_status`` has its own owner, `cleanup.sweep.statuses`.
+
+Locks are taken in one order, runs, then health rows, then ledger rows (`LOCK_ORDER`):
+every writer goes through `taking`, which refuses a lock taken out of that order.
+May import: the models, conf, `sql`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from .conf import claim_timeout_s, setting
+from .models import (
+    LEASE_KIND,
+    STEP_KIND,
+    TERMINAL,
+    UNRESOLVED,
+    LogKind,
+    Resource,
+    ResourceState,
+    Run,
+    RunLog,
+    RunStatus,
+    Step,
+)
+from .sql import SPECIAL, execute_prepared, fetch_prepared, update_by_id
+
+# -- the states, as sets ------------------------------------------------------------------
+
+# States the automatic sweep claims a row from (a `reverting` row only once its claim expired).
+SWEPT_STATES = (ResourceState.LIVE, ResourceState.FAILED)
+# States a person acts on (waive, reset): what is unresolved and not held by a live claim.
+PERSON_STATES = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.DRIFTED)
+# Rows that may still owe the world something the sweep will try: the finder's index.
+OWING_STATES = (ResourceState.LIVE, ResourceState.FAILED, ResourceState.REVERTING)
+
+# A failed row waits at most this long before its next attempt (rule 5).
+LONGEST_BACKOFF = timedelta(days=30)
+# A dead sweeper's claim released at the ceiling (rule 20).
+DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
+
+
+# -- predicates ---------------------------------------------------------------------------
+# Each answers a `Q` on the resource table; ``now`` and ``max_attempts`` are the caller's
+# (`conf.max_revert_attempts()`), so a statement compiled once binds them later.
+
+
+def claim_expired(now: dt.datetime) -> Q:
+    """The row's claim ran out: its sweeper died, or stopped, holding it."""
+    return Q(claim_expires_at__lt=now)
+
+
+def claim_live(now: dt.datetime) -> Q:
+    """The row's claim still holds: a sweeper works it, or a call past its budget still runs (rule 18)."""
+    return Q(claim_expires_at__gte=now)
+
+
+def unclaimed(now: dt.datetime) -> Q:
+    """No claim holds the row: never claimed, let go, or run out."""
+    return Q(claim_expires_at__isnull=True) | claim_expired(now)
+
+
+def swept() -> Q:
+    """The row is the automatic sweep's to try, attempts aside: live or failed, and retryable."""
+    return Q(state__in=SWEPT_STATES, retryable=True)
+
+
+def attempts_left(max_attempts: int) -> Q:
+    """The sweep will try the row again, now or after its backoff (rule 5)."""
+    return swept() & Q(revert_attempts__lt=max_attempts)
+
+
+def not_spent() -> Q:
+    """Of a dead claim: its attempt was not spent by a call of its own. Its module was never
+    called, or the call was marked with others of its wave and may never have started
+    before another call of the wave took the process down (rule 20)."""
+    return Q(claim_called=False) | Q(claim_shared=True)
+
+
+def _takeover_goes_on(max_attempts: int) -> Q:
+    """Of a ``reverting`` row whose claim ran out: the claim that takes it over will call
+    again. It has attempts left, or its dead claim spent none (`not_spent`), whose attempt
+    that claim gives back (rules 5 and 20)."""
+    return Q(revert_attempts__lt=max_attempts) | (not_spent() & Q(revert_attempts__lte=max_attempts))
+
+
+def claimable(now: dt.datetime, max_attempts: int) -> Q:
+    """The automatic sweep may claim the row now (rules 2, 5, 9, 20).
+
+    Attempts left, its backoff passed, and no live claim (a failed row still claimed is
+    held by a call past its budget, rule 18); or a ``reverting`` row whose claim ran out
+    and whose takeover goes on (`_takeover_goes_on`).
+    """
+    fresh = (
+        attempts_left(max_attempts) & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)) & unclaimed(now)
+    )
+    abandoned = Q(state=ResourceState.REVERTING) & claim_expired(now) & _takeover_goes_on(max_attempts)
+    return fresh | abandoned
+
+
+def spent_dead_claim(now: dt.datetime, max_attempts: int) -> Q:
+    """A dead sweeper's claim with no attempt left, whose call started: the next pass
+    releases it as ``failed`` (rule 20)."""
+    return Q(
+        state=ResourceState.REVERTING, claim_called=True, claim_shared=False, revert_attempts__gte=max_attempts
+    ) & claim_expired(now)
+
+
+def tried_again(now: dt.datetime, max_attempts: int) -> Q:
+    """Will the sweep still try this row (when its run cleans up by itself)?
+
+    A row with attempts left; and a row being given back (``reverting``) while its claim
+    holds, or, once its claim ran out, while its takeover goes on. A ``reverting`` row at
+    the ceiling whose dead claim had called is not tried again: it is released as
+    ``failed`` (rule 20) and waits for a person. What the admin's counts, the API's
+    ``retryable`` and ``next_attempt_at`` say.
+    """
+    in_hand = Q(state=ResourceState.REVERTING) & (claim_live(now) | _takeover_goes_on(max_attempts))
+    return attempts_left(max_attempts) | in_hand
+
+
+def keeps_run_pending(max_attempts: int) -> Q:
+    """A run in the automatic sweep stays ``pending`` while it has such a row: attempts
+    left, or held by a claim, live or dead, whose verdict or release is still to come (rule 5)."""
+    return attempts_left(max_attempts) | Q(state=ResourceState.REVERTING)
+
+
+def owing() -> Q:
+    """What the finder's index (``finder_owing_run_idx``) holds: rows the sweep may still owe a call."""
+    return Q(state__in=OWING_STATES, retryable=True)
+
+
+def suspect() -> Q:
+    """A row taken over from a sweeper that died in its call after an earlier attempt, or
+    in a wave of calls (maybe its own call took the wave down, maybe another's): its group
+    is worked alone, where its own call spends its attempt (rule 20)."""
+    return Q(state=ResourceState.REVERTING, claim_called=True) & (Q(revert_attempts__gte=2) | Q(claim_shared=True))
+
+
+def backing_off(now: dt.datetime, max_attempts: int) -> Q:
+    """The sweep will try the row again, but not before its backoff has passed."""
+    return attempts_left(max_attempts) & Q(next_attempt_at__gt=now)
+
+
+def in_automatic_sweep() -> Q:
+    """The row's run has ended and cleans up by itself (not left to a person, rule 7)."""
+    return Q(run__status__in=TERMINAL, run__auto_cleanup=True)
+
+
+def awaits_sweep(max_attempts: int) -> Q:
+    """The sweep will come to the row by itself: attempts left and its run in the automatic
+    sweep. Such a row, of a backend that is down, waits for its backend (rule 21)."""
+    return attempts_left(max_attempts) & in_automatic_sweep()
+
+
+def person_may_act(now: dt.datetime) -> Q:
+    """A person may waive or reset the row: unresolved and not held by a live claim (rules 6, 12)."""
+    return Q(state__in=PERSON_STATES) | (Q(state=ResourceState.REVERTING) & claim_expired(now))
+
+
+def held_by(token: uuid.UUID | str) -> Q:
+    """The rows a claim still holds: a verdict lands only on these (rule 9)."""
+    return Q(state=ResourceState.REVERTING, claim_token=token)
+
+
+def claimed_by_another(token: uuid.UUID | str, now: dt.datetime) -> Q:
+    """A row another claim than ``token`` holds now: its sweeper is giving it back."""
+    return Q(state=ResourceState.REVERTING) & claim_live(now) & ~Q(claim_token=token)
+
+
+def held_past_budget(now: dt.datetime) -> Q:
+    """A failed row whose claim still holds: its call outlived its budget and may still act (rule 18)."""
+    return Q(state=ResourceState.FAILED) & claim_live(now)
+
+
+def _run_cleans_up_by_itself(flag: bool) -> Exists:
+    # The run's flag read by its primary key for each row (an EXISTS), never by joining runs.
+    return Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=flag))
+
+
+def retrying(now: dt.datetime, max_attempts: int) -> Q:
+    """Unresolved rows of ended runs the automatic sweep will still try."""
+    return Q(_run_cleans_up_by_itself(True)) & tried_again(now, max_attempts)
+
+
+def waiting_for_person(now: dt.datetime, max_attempts: int) -> Q:
+    """Unresolved rows of ended runs the sweep will not try again: a person retries or waives them.
+
+    Exactly what `retrying` leaves out, written without negating the run's flag: a run left
+    to a person is found through the partial index of such runs (they are few).
+    """
+    return Q(_run_cleans_up_by_itself(False)) | ~tried_again(now, max_attempts)
+
+
+def ended_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resource]:
+    """The unresolved rows of ended runs that a person acts on: a step's placeholder only
+    when nothing else of its step is left (`ResourceQuerySet.without_covered_placeholders`).
+
+    The counts of the admin, its lists and the metrics read it, so a count and its list agree.
+    """
+    rows = Resource.objects.all() if rows is None else rows
+    # "Not of a running run" rather than a join with the ended ones: read beside the few
+    # running runs' partial index, not beside every run the retention window keeps.
+    running = Run.objects.filter(pk=OuterRef("run_id"), status=RunStatus.RUNNING)
+    return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
+
+
+# -- a predicate of one row already read ----------------------------------------------------
+
+_LOOKUPS = frozenset({"exact", "in", "lt", "lte", "gt", "gte", "isnull"})
+
+
+def holds(row: Any, condition: Q) -> bool:
+    """Does ``row`` (a `Resource`, its run selected with it where the `Q` reads the run)
+    match ``condition``? The same answer the database gives, from the values in hand."""
+    results = (_child(row, child) for child in condition.children)
+    matched = all(results) if condition.connector == Q.AND else any(results)
+    return not matched if condition.negated else matched
+
+
+def _child(row: Any, child: Any) -> bool:
+    if isinstance(child, Q):
+        return holds(row, child)
+    if not isinstance(child, tuple):
+        raise TypeError(f"holds() reads field lookups only, not {child!r}")
+    path, expected = child
+    parts = path.split("__")
+    lookup = parts.pop() if parts[-1] in _LOOKUPS and len(parts) > 1 else "exact"
+    value = row
+    for part in parts:
+        value = getattr(value, part)
+    return _compare(value, lookup, expected)
+
+
+def _compare(value: Any, lookup: str, expected: Any) -> bool:
+    if lookup == "isnull":
+        return (value is None) == bool(expected)
+    if value is None:
+        return False  # SQL: a comparison with NULL is not true
+    if lookup == "exact":
+        return bool(value == expected)
+    if lookup == "in":
+        return value in expected
+    if lookup == "lt":
+        return bool(value < expected)
+    if lookup == "lte":
+        return bool(value <= expected)
+    if lookup == "gt":
+        return bool(value > expected)
+    return bool(value >= expected)
+
+
+def attempts_left_of(row: Any, max_attempts: int) -> int:
+    """How many automatic attempts the row has left: none once it is not the sweep's."""
+    if not holds(row, swept()):
+        return 0
+    return max(0, max_attempts - row.revert_attempts)
+
+
+def backoff_until(attempts: int, now: dt.datetime, max_attempts: int) -> dt.datetime | None:
+    """When a row that failed at attempt ``attempts`` is tried again: a backoff that doubles
+    with each attempt (rule 5); never once it has no attempt left (a person's retry clears it)."""
+    if attempts >= max_attempts:
+        return None
+    seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, attempts - 1)
+    return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
+
+
+# -- leases on one target (rule 13) ---------------------------------------------------------
+
+
+def lease_confirmed(row: Any) -> bool:
+    """Did the lease's ``apply`` answer success? Rows that do not say were applied."""
+    return not (isinstance(row.payload, dict) and row.payload.get("confirmed") is False)
+
+
+def heir(row: Any, open_rows: Iterable[Any]) -> Any | None:
+    """The lease ``row`` hands its baseline down to, of the other unresolved leases on its
+    target (oldest first): the next newer one whose apply was confirmed (rule 13). The pass
+    hands down to it (`cleanup.sweep.leases`) and the plan names it (`cleanup.plan`)."""
+    return next((other for other in open_rows if other.pk > row.pk and lease_confirmed(other)), None)
+
+
+# -- the lock order -------------------------------------------------------------------------
+
+RUNS, HEALTH, LEDGER = "runs", "health rows", "ledger rows"
+# Every transaction that locks more than one of these takes them in this order, so two
+# writers never wait on each other in a circle: a verdict (runs, the blamed backends'
+# health, its rows), a claim (runs, rows), a mark-down (health, the rows it forgives).
+LOCK_ORDER = (RUNS, HEALTH, LEDGER)
+
+
+class LockOrderBroken(RuntimeError):
+    """A writer locked an earlier kind of row after a later one (`LOCK_ORDER`)."""
+
+
+def taking(kind: str) -> None:
+    """Say that the caller's transaction is about to lock rows of ``kind``; refuses it
+    after a lock that comes later in `LOCK_ORDER` in the same transaction. Outside a
+    transaction each statement is its own and nothing is remembered.
+
+    A transaction is known by its outermost atomic block, its locks held until it ends.
+    The block a test case wraps each test in is not one: the code under test runs as it
+    would on its own.
+    """
+    blocks = [block for block in connection.atomic_blocks if not block._from_testcase]
+    if not blocks:
+        return
+    level, outer = LOCK_ORDER.index(kind), blocks[0]
+    held = getattr(connection, "_cleanup_locks", None)
+    if held is not None and held[0] is outer:
+        if level < held[1]:
+            raise LockOrderBroken(
+                f"{kind} locked after {LOCK_ORDER[held[1]]}: the order is {', then '.join(LOCK_ORDER)}"
+            )
+        level = max(level, held[1])
+    connection._cleanup_locks = (outer, level)
+
+
+def lock(rows: QuerySet[Resource]) -> QuerySet[Resource]:
+    """``rows`` locked for the caller's transaction, in the lock order."""
+    taking(LEDGER)
+    return rows.select_for_update()
+
+
+# -- transitions: new rows ----------------------------------------------------------------
+
+
+def reserve_placeholder(step: Step, module: str) -> Resource:
+    """The write-ahead row of one step (kind ``step``), ``live``, once per step however
+    often it runs: it holds the run until the step records what it made (rule 16)."""
+    placeholder, _ = Resource.objects.get_or_create(
+        step=step,
+        kind=STEP_KIND,
+        defaults={
+            "run_id": step.run_id,
+            "module": module,
+            "backend": step.backend,
+            "ref": step.idempotency_key,
+            "action": step.action_id,
+            "state": ResourceState.LIVE,
+        },
+    )
+    return placeholder
+
+
+def record(new: Sequence[Resource]) -> list[Resource]:
+    """What a step reports it made: new ``live`` rows, in one insert (rule 1)."""
+    for row in new:
+        row.state = ResourceState.LIVE
+    return Resource.objects.bulk_create(new)
+
+
+def reserve(**fields: Any) -> Resource:
+    """A lease recorded before it is applied: ``live``, its apply not yet confirmed (rule 13)."""
+    payload = {**fields.pop("payload", {}), "confirmed": False}
+    return Resource.objects.create(state=ResourceState.LIVE, payload=payload, **fields)
+
+
+def confirm(pk: int) -> None:
+    """The lease's apply answered success. Under a lock: a hand-down may be rewriting the
+    row's baseline at the same moment, and neither change may lose the other."""
+    with transaction.atomic():
+        locked = lock(Resource.objects.filter(pk=pk)).get()
+        payload = dict(locked.payload or {})
+        payload["confirmed"] = True
+        Resource.objects.filter(pk=pk).update(payload=payload)
+
+
+def resurrect(row: Resource) -> Resource:
+    """Rule 14: record again, ``live``, what a rolled-back backend brought back. One
+    resurrection per row: a second raises ``IntegrityError``."""
+    return Resource.objects.create(
+        run_id=row.run_id,
+        step_id=row.step_id,
+        module=row.module,
+        backend=row.backend,
+        kind=row.kind,
+        ref=row.ref,
+        member_key=row.member_key,
+        action=row.action,
+        payload=row.payload,
+        state=ResourceState.LIVE,
+        resurrected_from=row,
+    )
+
+
+# -- transitions: the sweep ---------------------------------------------------------------
+
+# What a claim adds to a row's attempts: one, less the dead claim's own when it never
+# called or was marked with others of its wave (SET reads the row as it was; rule 20).
+_SPENT = f"CASE WHEN state = '{ResourceState.REVERTING.value}' AND (NOT claim_called OR claim_shared) THEN 0 ELSE 1 END"
+# What a claim answers of each row it took.
+CLAIMED_COLUMNS = (
+    "id",
+    "run_id",
+    "step_id",
+    "kind",
+    "ref",
+    "payload",
+    "member_key",
+    "revert_attempts",
+    "action",
+    "backend",
+)
+
+
+def claim(where: str, where_params: Sequence[Any], token: uuid.UUID, now: dt.datetime) -> list[tuple[Any, ...]]:
+    """Claim the rows ``where`` selects (rule 9): ``reverting``, stamped with ``token`` and an
+    expiry, one attempt counted (rule 5); answers `CLAIMED_COLUMNS` of each row taken.
+
+    Taking over an abandoned claim counts another attempt and keeps the one the dead
+    sweeper spent if its call had started; a claim that died before its call gives its
+    attempt back. The caller locked the rows' runs first (`LOCK_ORDER`).
+    """
+    taking(LEDGER)
+    meta = Resource._meta
+    values = {
+        "state": ResourceState.REVERTING.value,
+        "claim_token": token,
+        "claim_expires_at": now + timedelta(seconds=claim_timeout_s()),
+        "updated_at": now,
+        "claim_called": False,
+        "claim_shared": False,
+    }
+    quote = connection.ops.quote_name
+    fields = {name: meta.get_field(name) for name in values}
+    sets = ", ".join(f"{quote(fields[n].column)} = %s" for n in values)
+    params = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {sets}, revert_attempts = revert_attempts + {_SPENT} WHERE {where} "
+        f"RETURNING {', '.join(quote(c) for c in CLAIMED_COLUMNS)}"
+    )
+    return list(fetch_prepared(sql, [*params, *where_params]))
+
+
+def mark_called(where: str, params: Sequence[Any], shared: bool = False) -> int:
+    """Just before their call: the rows ``where`` selects (held by their claim) were called
+    under it, so the attempt is spent (rule 5). One UPDATE in autocommit, so that a sweeper
+    killed in the call has spent it.
+
+    ``shared``: the calls of several groups start together. When their sweeper dies, a call
+    of the wave may not have started before another took the process down, so a takeover
+    gives the attempt back and the group is next called alone (rule 20).
+
+    Its commit does not wait for the WAL to reach the disk (it is visible to every other
+    sweeper at once, which is what a takeover reads): a wave costs half as much, and only
+    a crash of the database server itself in the next moment could lose a mark, whose
+    attempt would then be given back once.
+    """
+    taking(LEDGER)
+    table = connection.ops.quote_name(Resource._meta.db_table)
+    return execute_prepared(
+        f"UPDATE {table} SET claim_called = %s, claim_shared = %s WHERE {where} "
+        "AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
+        [True, shared, *params],
+    )
+
+
+class _Derived:
+    """A column's new value that the write derives from the row as it was, by name."""
+
+    def __init__(self, name: str, sql: str) -> None:
+        self.name = name
+        self.sql = sql
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# The state before the claim: a row never tried goes back to live, one that failed before
+# stays failed.
+PREVIOUS_STATE = _Derived(
+    "PREVIOUS_STATE",
+    f"CASE WHEN r.last_error = '' THEN '{ResourceState.LIVE.value}' ELSE '{ResourceState.FAILED.value}' END",
+)
+# The claim's attempt is given back: the row's counter goes down by one.
+ATTEMPT_GIVEN_BACK = _Derived("ATTEMPT_GIVEN_BACK", "r.revert_attempts - 1")
+_DERIVED = {"state": PREVIOUS_STATE, "revert_attempts": ATTEMPT_GIVEN_BACK}
+
+Verdict = dict[str, Any]  # a transition's columns, staged by the pass and written by `write_verdicts`
+_LET_GO: Verdict = {"claim_token": None, "claim_expires_at": None}
+
+
+def _claim_after(keep_until: dt.datetime | None) -> Verdict:
+    """A claim let go, or, while the call still runs past its budget, kept until then (rule 18)."""
+    return _LET_GO if keep_until is None else {"claim_expires_at": keep_until}
+
+
+def given_back(now: dt.datetime) -> Verdict:
+    """The module gave the row back: ``reverted``, resolved (rule 4)."""
+    return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **_LET_GO}
+
+
+def fail(
+    error: str, attempts: int, now: dt.datetime, max_attempts: int, keep_until: dt.datetime | None = None
+) -> Verdict:
+    """A retryable failure: ``failed``, tried again after its backoff while it has attempts
+    left (rule 5)."""
+    return {
+        "state": ResourceState.FAILED,
+        "last_error": error,
+        "next_attempt_at": backoff_until(attempts, now, max_attempts),
+        **_claim_after(keep_until),
+    }
+
+
+def fail_for_good(error: str) -> Verdict:
+    """A terminal answer (no module, ``retry: false``): ``failed``, tried again only by a person (rule 4)."""
+    return {"state": ResourceState.FAILED, "last_error": error, "retryable": False, **_LET_GO}
+
+
+def drift(error: str) -> Verdict:
+    """Someone else's value is in place: ``drifted``, left to a person (rule 4)."""
+    return {"state": ResourceState.DRIFTED, "last_error": error, **_LET_GO}
+
+
+def wait(error: str, until: dt.datetime, keep_until: dt.datetime | None = None) -> Verdict:
+    """The answer blamed a backend that is down: the attempt is given back and the row
+    waits for the backend, ``failed`` until its next probe (rule 21)."""
+    return {
+        "state": ResourceState.FAILED,
+        "revert_attempts": ATTEMPT_GIVEN_BACK,
+        "last_error": error,
+        "next_attempt_at": until,
+        **_claim_after(keep_until),
+    }
+
+
+def give_back_claim() -> Verdict:
+    """The pass ran out of time before the call: the claim and its attempt are given back,
+    and the row returns to the state it was in (rule 26)."""
+    return {"state": PREVIOUS_STATE, "revert_attempts": ATTEMPT_GIVEN_BACK, **_LET_GO}
+
+
+def write_verdicts(
+    token: uuid.UUID, by_step: Mapping[int, Verdict], by_row: Mapping[int, Verdict], now: dt.datetime
+) -> None:
+    """Write staged verdicts on the rows ``token`` still holds (rule 9), one UPDATE over
+    arrays for each of: a step's rows but its leases that all take the same values
+    (``by_step``), and single rows (``by_row``). The caller locked them (`lock`)."""
+    taking(LEDGER)
+    held = "r.claim_token = %s AND r.state = %s"
+    reverting = ResourceState.REVERTING.value
+    for changed, key, where, params in (
+        (by_step, "step", f"{held} AND NOT (r.kind = %s)", [token, reverting, LEASE_KIND]),
+        (by_row, None, held, [token, reverting]),
+    ):
+        if not changed:
+            continue
+        marked = {k: {c: SPECIAL if isinstance(v, _Derived) else v for c, v in vs.items()} for k, vs in changed.items()}
+        update_by_id(
+            Resource,
+            marked,
+            where=where,
+            where_params=params,
+            expressions={column: derived.sql for column, derived in _DERIVED.items()},
+            fixed={"updated_at": now},
+            key=key,
+        )
+
+
+def release_spent_claims(now: dt.datetime, max_attempts: int) -> list[Resource]:
+    """Rule 20: dead claims at the ceiling whose call started become ``failed``, with the
+    reason; answers the rows released (their ``id``, ``run_id``, ``kind``, ``ref``,
+    ``revert_attempts``). The caller's transaction locked their runs first."""
+    spent = lock(Resource.objects.filter(spent_dead_claim(now, max_attempts)))
+    rows = list(spent.order_by("id").only("id", "run_id", "kind", "ref", "revert_attempts"))
+    Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
+        state=ResourceState.FAILED, last_error=DEAD_CLAIM, updated_at=now, **_LET_GO
+    )
+    return rows
+
+
+def runs_with_spent_claims(now: dt.datetime, max_attempts: int) -> set[int]:
+    """The runs of the rows `release_spent_claims` would release now (to lock them first)."""
+    return set(Resource.objects.filter(spent_dead_claim(now, max_attempts)).values_list("run_id", flat=True))
+
+
+def keep_claims(condition: Q, until: dt.datetime) -> int:
+    """Calls still running past their budget: their rows stay claimed until ``until`` (rule 18)."""
+    taking(LEDGER)
+    return Resource.objects.filter(condition, state=ResourceState.FAILED).update(claim_expires_at=until)
+
+
+def let_go_claims(condition: Q) -> int:
+    """Calls past their budget that ended: their rows' claims are let go (rule 18)."""
+    taking(LEDGER)
+    return Resource.objects.filter(condition, state=ResourceState.FAILED).update(**_LET_GO)
+
+
+def hand_down(token: uuid.UUID, pk: int, now: dt.datetime) -> bool:
+    """A lease that handed its baseline down is ``reverted``, if its claim still holds it
+    (rule 13); answers whether it did."""
+    return bool(
+        lock(Resource.objects.filter(held_by(token), pk=pk)).update(
+            state=ResourceState.REVERTED, last_error="", resolved_at=now, updated_at=now, **_LET_GO
+        )
+    )
+
+
+def orphan_lease(row: Resource, reason: str, now: dt.datetime) -> bool:
+    """A lease whose backend forgot it (its baseline is in force again) is ``orphaned``
+    (rule 14), unless it moved since it was read; answers whether it was."""
+    taking(LEDGER)
+    return bool(
+        Resource.objects.filter(pk=row.pk, state=row.state).update(
+            state=ResourceState.ORPHANED,
+            last_error=reason,
+            next_attempt_at=None,
+            resolved_at=now,
+            updated_at=now,
+            **_LET_GO,
+        )
+    )
+
+
+# -- transitions: outages -------------------------------------------------------------------
+
+
+def forgive(chosen: Q, spent: Subquery) -> int:
+    """Rule 21: the rows ``chosen`` selects that the sweep still works get back the attempts
+    ``spent`` (a subquery per row) that answers blaming their backend cost them, and are
+    due at once. A row held by a sweeper right now counts too: its verdict gives back only
+    the attempt of its own claim."""
+    taking(LEDGER)
+    open_rows = Q(state__in=OWING_STATES, retryable=True, revert_attempts__gt=0)
+    return Resource.objects.filter(chosen & open_rows).update(
+        revert_attempts=F("revert_attempts") - spent, next_attempt_at=None
+    )
+
+
+def give_up(rows: QuerySet[Resource], reason: str, now: dt.datetime) -> int:
+    """Rule 23: waiting rows of an outage past its bound fail for good, with the reason."""
+    taking(LEDGER)
+    return Resource.objects.filter(pk__in=rows.filter(swept()).values("pk")).update(
+        state=ResourceState.FAILED, retryable=False, last_error=reason, next_attempt_at=None, updated_at=now
+    )
+
+
+def hurry(rows: QuerySet[Resource], now: dt.datetime, max_attempts: int) -> int:
+    """A person's "now": rows waiting out a backoff are claimable at once; their counters stay."""
+    taking(LEDGER)
+    return rows.filter(backing_off(now, max_attempts)).update(next_attempt_at=None, updated_at=now)
+
+
+# -- transitions: people and reconcile ------------------------------------------------------
+
+
+def _resolve_logged(
+    rows: QuerySet[Resource],
+    condition: Q,
+    state: str,
+    error: str | None,
+    log_kind: str,
+    also: Mapping[str, Any] | None = None,
+    **detail: Any,
+) -> list[Resource]:
+    """Resolve the rows of ``rows`` still matching ``condition`` as ``state``, and log each.
+
+    The rows are locked first, so the log names exactly the rows that changed (one a
+    sweeper claimed meanwhile no longer matches). Answers the rows resolved. An ``error``
+    of None keeps each row's last error; ``also`` sets more fields.
+    """
+    now = timezone.now()
+    fields = {} if error is None else {"last_error": error}
+    with transaction.atomic():
+        locked = list(lock(rows.filter(condition)).order_by("id"))
+        Resource.objects.filter(pk__in=[r.pk for r in locked]).update(
+            state=state, resolved_at=now, updated_at=now, **_LET_GO, **fields, **(also or {})
+        )
+        RunLog.objects.bulk_create(
+            RunLog(
+                run_id=row.run_id,
+                kind=log_kind,
+                at=now,
+                detail={**detail, "resource": f"{row.kind}:{row.ref}", "resource_id": row.pk},
+            )
+            for row in locked
+        )
+    return locked
+
+
+def orphan(rows: QuerySet[Resource], reason: str, **detail: Any) -> list[Resource]:
+    """Rule 10: rows the module says are no longer in the world are ``orphaned``, each
+    logged; a row the sweep claimed meanwhile is not live any more and stays as it is."""
+    return _resolve_logged(
+        rows, Q(state=ResourceState.LIVE), ResourceState.ORPHANED, reason, LogKind.RESOURCE_ORPHANED, **detail
+    )
+
+
+def waive(rows: QuerySet[Resource], reason: str, actor: str, now: dt.datetime, **detail: Any) -> list[Resource]:
+    """Rule 12: a person resolves rows as ``waived``; each keeps its last error, with the
+    reason, the person and the time beside it. A row a live claim holds is left alone."""
+    also = {"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None}
+    return _resolve_logged(
+        rows,
+        person_may_act(now),
+        ResourceState.WAIVED,
+        None,
+        LogKind.RESOURCE_WAIVED,
+        also=also,
+        reason=reason,
+        by=actor,
+        **detail,
+    )
+
+
+def reset_for_person(run_id: int, now: dt.datetime) -> int:
+    """Rule 6: a person's cleanup puts the run's rows a person may act on back in the sweep:
+    attempts to zero, retryable, no backoff, a drifted row ``live`` again. A row a sweeper
+    holds right now is left to its verdict. Answers how many rows were reset. The caller
+    locked the run first (`LOCK_ORDER`)."""
+    rows = Resource.objects.filter(person_may_act(now), run_id=run_id)
+    ids = list(lock(rows).values_list("id", flat=True))
+    Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
+    return Resource.objects.filter(pk__in=ids).update(
+        revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
+    )
