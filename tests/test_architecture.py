@@ -147,10 +147,6 @@ def test_the_engine_never_imports_a_surface(graph):
 PEOPLE_SURFACES = ("cleanup.admin", "cleanup.api", "cleanup.management", "cleanup.templatetags")
 # What wires the surfaces in: the app's start-up (`apps`) and the URLs a project includes.
 WIRING = ("cleanup.apps", "cleanup.urls")
-# TEMPORARY: `metrics` still reads its counts through the admin's list helpers. That arrow is
-# being moved to the ledger's owner on another branch; delete this exception when it lands
-# (test_the_known_exception_is_still_needed fails once the import is gone, to say so).
-KNOWN_SURFACE_IMPORTS = {("cleanup.metrics", "cleanup.admin.lists")}
 
 
 def surface_imports(graph):
@@ -165,11 +161,7 @@ def surface_imports(graph):
 
 
 def test_no_module_but_the_surfaces_imports_a_surface(graph):
-    assert surface_imports(graph) - KNOWN_SURFACE_IMPORTS == set()
-
-
-def test_the_known_exception_is_still_needed(graph):
-    assert KNOWN_SURFACE_IMPORTS <= surface_imports(graph), "the import is gone: delete KNOWN_SURFACE_IMPORTS"
+    assert surface_imports(graph) == set()
 
 
 def test_an_engine_module_importing_a_surface_is_caught():
