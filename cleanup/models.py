@@ -649,12 +649,11 @@ class Counter(models.Model):
 class RunTally(models.Model):
     """How many runs there are of each status and cleanup status, as changes to add up.
 
-    On PostgreSQL, triggers on the runs table (migration 0021) append a change here for
+    Triggers on the runs table (migration 0021) append a change here for
     every run inserted, deleted, or moved to another status or cleanup status, whichever
     code or statement did it; `cleanup.tally` adds them up for the metrics in one small
     query and folds them into one row per pair now and then. Appending never waits for
-    another writer, so runs changing status at once never queue on a count. Elsewhere
-    (SQLite, the demo) nothing writes here and the runs are counted directly.
+    another writer, so runs changing status at once never queue on a count.
     """
 
     status = models.CharField(max_length=16)
