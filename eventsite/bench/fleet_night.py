@@ -145,6 +145,10 @@ class FleetNight(Night):
                 down=after, back_after_end_s=returned - healthy["last_end"], back_s=after["last_verdict"] - returned
             )
         self.check_clean(label, ids, steps * self.o.creatures)
+        # Checked once the night is clean: a wake task is saved only once it is done.
+        got["wake_tasks"] = self.driver.ask(do="wake_tasks", since=healthy["last_end"], until=healthy["last_verdict"])[
+            "tasks"
+        ]
         return got
 
     def idle_restart(self, label):
@@ -237,6 +241,10 @@ class FleetNight(Night):
                 "all_one_down": [_r(s, 3) for s in outage],
                 "ratio": _r(outage_s / statistics.median(base), 3),
                 "target_ratio": TARGET_RATIO,
+                # Wake tasks sleeping in a cluster worker while the healthy rows were given back
+                # (seconds from the last end to when each was queued and done), night by night.
+                "wake_tasks_no_shard_down": [x["wake_tasks"] for x in f["base"]],
+                "wake_tasks_down": [x["wake_tasks"] for x in f["outage"]],
             },
             "down_shard": {
                 "attempts_spent": max(spent),

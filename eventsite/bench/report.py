@@ -84,6 +84,8 @@ def fleet_table(result):
             f"healthy shards' {f['healthy_rows']:,} rows given back {_n(h['seconds_down'], ' s')} after the last "
             f"end with {f['down']} down {h['all_down']}, {_n(h['seconds_no_shard_down'], ' s')} with none down "
             f"{h['all_no_shard_down']}: {_x(h['ratio'])} (target {h['target_ratio']}x)",
+            f"wake tasks sleeping in a worker meanwhile, night by night: {_sleepers(h['wake_tasks_down'])} with "
+            f"{f['down']} down, {_sleepers(h['wake_tasks_no_shard_down'])} with none down",
             f"{f['down']}'s {f['down_rows']:,} rows: {d['attempts_spent']} attempts spent (target 0); back "
             f"{_n(d['back_after_end_s'], ' s')} after the last end, its last row given back "
             f"{_n(d['seconds_from_return'], ' s')} after its return {d['all']} (target {d['target_s']} s)",
@@ -91,6 +93,11 @@ def fleet_table(result):
             f"given back {_n(r['given_back_s'], ' s')} after the restart {r['all']} (target {r['target_s']} s)",
         ]
     )
+
+
+def _sleepers(nights):
+    """Each night's wake tasks as ``queued-done`` seconds after the last end."""
+    return "; ".join(", ".join(f"{t['queued_s']:.1f}-{t['done_s']:.1f} s" for t in night) or "none" for night in nights)
 
 
 def _machine(m):
