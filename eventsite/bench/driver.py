@@ -283,6 +283,26 @@ def resurrected(run_ids, expected, timeout_s, tick_every_s=0):
     }
 
 
+def wake_tasks(since, until):
+    """The engine's wake tasks that held a cluster worker between ``since`` and ``until``
+    (epoch seconds): each one sleeps in its worker until its time (`cleanup.wakeup`), so
+    while it does the passes have one worker fewer. Seconds from ``since`` to when each was
+    queued (django-q2's ``started``) and to when it was done, of the tasks the cluster has
+    saved (a task still sleeping is not among them)."""
+    from datetime import UTC, datetime
+
+    from django_q.models import Task
+
+    start, end = datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC)
+    tasks = Task.objects.filter(name__startswith="wake at", started__lte=end, stopped__gte=start).order_by("started")
+    return {
+        "tasks": [
+            {"queued_s": round(t.started.timestamp() - since, 3), "done_s": round(t.stopped.timestamp() - since, 3)}
+            for t in tasks
+        ]
+    }
+
+
 COMMANDS = {
     "migrate": lambda c: _migrate(),
     "wipe": lambda c: wipe(),
@@ -293,6 +313,7 @@ COMMANDS = {
     "cleaned": lambda c: cleaned(c["run_ids"], c["timeout_s"]),
     "given_back": lambda c: given_back(c["run_ids"], c["backends"], c["timeout_s"], c.get("tick_every_s", 0)),
     "backend_figures": lambda c: backend_figures(c["run_ids"], c["backends"]),
+    "wake_tasks": lambda c: wake_tasks(c["since"], c["until"]),
     "boot_seen": lambda c: boot_seen(c["module"], c["backend"], c["boot_id"], c["timeout_s"], c.get("tick_every_s", 0)),
     "resurrected": lambda c: resurrected(c["run_ids"], c["expected"], c["timeout_s"], c.get("tick_every_s", 0)),
 }

@@ -1,19 +1,20 @@
-"""`manage.py bench --night --fleet N`: a fleet night, through the real system.
+"""`manage.py bench --night --fleet N [--fleet-down K]`: a fleet night, through the real system.
 
-It starts ``N`` sandbox shards on free ports (``s01``, ``s02``, …), names them in
-``SANDBOX_SHARDS`` for the cluster and the driver, and, ``repeats`` times:
+It starts ``N`` sandbox shards on free ports (``s01``, ``s02``, …), all at once, names them
+in ``SANDBOX_SHARDS`` for the cluster and the driver, and, ``repeats`` times:
 
 - **the same night with no shard down**: ``runs`` runs of ``steps`` spawns of ``creatures``,
   each spawn on a shard in turn over the night (step ``j`` of run ``n`` on shard
   ``(n * steps + j) % N``, so every run holds rows on every shard), are performed with the
   shards answering at once; then every shard answers after ``latency_ms`` and the runs
   end together. Seconds from the last end to the last verdict of the rows on the healthy
-  shards (all but the last one);
-- **the night with one shard down**: the same, but the last shard is down (its ``down``
-  fault, ``refuse``: connections reset, as from a dead process) from after the spawns
-  until ``back_after_s`` seconds after the last end. The same figure for the healthy
-  shards; the attempts the down shard's rows spent (beyond the call that gave each back);
-  and the seconds from its return to its last row given back;
+  shards (all but the last ``fleet_down``);
+- **the night with shards down**: the same, but the last ``fleet_down`` shards are down
+  (their ``down`` fault, ``refuse``: connections reset, as from a dead process) from after
+  the spawns until ``back_after_s`` seconds after the last end, when they all come back.
+  The same figure for the healthy shards; the attempts the down shards' rows spent
+  (beyond the call that gave each back); and the seconds from their return to their last
+  row given back;
 - **the idle restart**: one run of ``RESTART_STEPS`` spawns on the first shard, which
   saves its world after the spawns; the run ends and is given back; once the engine has
   seen that shard's boot id (its watch), the shard restarts with a rollback, which brings
@@ -59,8 +60,9 @@ class FleetNight(Night):
             self.start_children()
             for n in range(1, self.o.repeats + 1):
                 figures["base"].append(self.night(f"fleet night {n}", down=None))
-                figures["outage"].append(self.night(f"fleet night down {n}", down=self.down))
+                figures["outage"].append(self.night(f"fleet night down {n}", down=self.down_names))
                 figures["restart"].append(self.idle_restart(f"idle restart {n}"))
+            self.shards_rss_mb_end = [rss_mb(s.proc.pid) for s in self.shards]
         finally:
             for child in reversed(self.children):
                 child.stop()
@@ -73,11 +75,17 @@ class FleetNight(Night):
 
     def start_children(self):
         width = len(str(self.o.fleet))
-        self.progress.phase(f"starting {self.o.fleet} shards, the driver and the cluster")
-        self.shards = [self.child(Shard(f"s{n:0{width}d}")) for n in range(1, self.o.fleet + 1)]
+        self.progress.phase(f"starting {self.o.fleet} shards")
+        started = time.monotonic()
+        self.shards = Shard.start_many([f"s{n:0{width}d}" for n in range(1, self.o.fleet + 1)], self.child)
+        self.start_s = time.monotonic() - started
+        self.shards_rss_mb = [rss_mb(s.proc.pid) for s in self.shards]
         self.names = [s.shard_name for s in self.shards]
-        self.down = self.names[-1]
-        self.healthy = self.names[:-1]
+        self.down_names = self.names[-self.o.fleet_down :]
+        self.healthy = self.names[: -self.o.fleet_down]
+        # One name, or the first and the last of the down ones (always the last shards).
+        self.down = self.down_names[0] + (f"..{self.down_names[-1]}" if len(self.down_names) > 1 else "")
+        self.progress.phase("starting the driver and the cluster")
         self.engine = {
             "EVENT_OUTAGE_PROBE_S": PROBE_S,
             "EVENT_OUTAGE_SPREAD_S": setting("EVENT_OUTAGE_SPREAD_S"),
@@ -111,24 +119,25 @@ class FleetNight(Night):
         rows = runs * steps * self.o.creatures
         self.progress.phase(f"{label}: performing {runs * steps:,} spawns on {len(self.names)} shards")
         ids = self.perform_on(label, runs, steps, self.names)
-        if down:
-            self.shard(down).faults(down="refuse")
-        self.progress.phase(f"{label}: giving back {rows:,} rows" + (f", {down} down" if down else ""))
+        for name in down or ():
+            self.shard(name).faults(down="refuse")
+        self.progress.phase(f"{label}: giving back {rows:,} rows" + (f", {self.down} down" if down else ""))
         self.driver.ask(do="end", run_ids=ids)
         healthy = self.driver.ask(do="given_back", run_ids=ids, backends=self.healthy, timeout_s=CLEAN_TIMEOUT_S)
         got = {"healthy_s": healthy["last_verdict"] - healthy["last_end"], "healthy": healthy}
         if down:
-            got["while_down"] = self.driver.ask(do="backend_figures", run_ids=ids, backends=[down])
+            got["while_down"] = self.driver.ask(do="backend_figures", run_ids=ids, backends=down)
             back_at = healthy["last_end"] + self.o.back_after_s
-            self.progress.phase(f"{label}: {down} back {self.o.back_after_s} s after the last end")
+            self.progress.phase(f"{label}: {self.down} back {self.o.back_after_s} s after the last end")
             time.sleep(max(0.0, back_at - time.time()))
-            self.shard(down).faults(down=False)
+            for name in down:
+                self.shard(name).faults(down=False)
             returned = time.time()
-            self.progress.phase(f"{label}: {down} is back; waiting for its rows")
+            self.progress.phase(f"{label}: {self.down} back; waiting for their rows")
             after = self.driver.ask(
                 do="given_back",
                 run_ids=ids,
-                backends=[down],
+                backends=down,
                 timeout_s=CLEAN_TIMEOUT_S,
                 tick_every_s=self.o.tick_every_s,
             )
@@ -136,6 +145,10 @@ class FleetNight(Night):
                 down=after, back_after_end_s=returned - healthy["last_end"], back_s=after["last_verdict"] - returned
             )
         self.check_clean(label, ids, steps * self.o.creatures)
+        # Checked once the night is clean: a wake task is saved only once it is done.
+        got["wake_tasks"] = self.driver.ask(do="wake_tasks", since=healthy["last_end"], until=healthy["last_verdict"])[
+            "tasks"
+        ]
         return got
 
     def idle_restart(self, label):
@@ -194,9 +207,20 @@ class FleetNight(Night):
         found = [x["found_s"] for x in f["restart"]]
         restart = [x["given_back_s"] for x in f["restart"]]
         last = f["outage"][-1]
+        outage_s = statistics.median(outage)
         return {
             "shards": self.o.fleet,
             "down": self.down,
+            "down_shards": self.down_names,
+            "fleet_down": self.o.fleet_down,
+            "start": {
+                "seconds": _r(self.start_s, 2),
+                "concurrently": True,
+                "rss_mb_median": _mb_median(self.shards_rss_mb),
+                "rss_mb_total": _mb_total(self.shards_rss_mb),
+                "rss_mb_median_at_end": _mb_median(self.shards_rss_mb_end),
+                "rss_mb_total_at_end": _mb_total(self.shards_rss_mb_end),
+            },
             "spread": "each step on a shard in turn",
             "runs": self.o.runs,
             "groups": self.o.runs * self.o.steps,
@@ -210,10 +234,17 @@ class FleetNight(Night):
             "healthy": {
                 "seconds_no_shard_down": _r(statistics.median(base), 3),
                 "all_no_shard_down": [_r(s, 3) for s in base],
-                "seconds_one_down": _r(statistics.median(outage), 3),
+                "seconds_down": _r(outage_s, 3),
+                "all_down": [_r(s, 3) for s in outage],
+                # The names of the time when one shard was all that went down, kept for readers of the JSON.
+                "seconds_one_down": _r(outage_s, 3),
                 "all_one_down": [_r(s, 3) for s in outage],
-                "ratio": _r(statistics.median(outage) / statistics.median(base), 3),
+                "ratio": _r(outage_s / statistics.median(base), 3),
                 "target_ratio": TARGET_RATIO,
+                # Wake tasks sleeping in a cluster worker while the healthy rows were given back
+                # (seconds from the last end to when each was queued and done), night by night.
+                "wake_tasks_no_shard_down": [x["wake_tasks"] for x in f["base"]],
+                "wake_tasks_down": [x["wake_tasks"] for x in f["outage"]],
             },
             "down_shard": {
                 "attempts_spent": max(spent),
@@ -235,6 +266,28 @@ class FleetNight(Night):
                 "target_s": self.engine["EVENT_BACKEND_WATCH_S"] + TARGET_RESTART_S,
             },
         }
+
+
+def rss_mb(pid):
+    """The resident memory of process ``pid`` in MB (Linux's /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _mb_median(values):
+    known = [v for v in values if v is not None]
+    return _r(statistics.median(known)) if known else None
+
+
+def _mb_total(values):
+    known = [v for v in values if v is not None]
+    return _r(sum(known)) if known else None
 
 
 def run(options, progress):

@@ -44,6 +44,7 @@ class NightOptions:
     repeats: int = 3
     # The fleet night (`eventsite.bench.fleet_night`): shards, 0 for the night above.
     fleet: int = 0
+    fleet_down: int = 1
     back_after_s: int = 30
     tick_every_s: float = 2.0
 

@@ -67,20 +67,25 @@ def night_table(result):
 
 def fleet_table(result):
     o, m, f = result["options"], result["machine"], result["fleet"]
-    h, d, r, e = f["healthy"], f["down_shard"], f["idle_restart"], f["engine"]
+    h, d, r, e, st = f["healthy"], f["down_shard"], f["idle_restart"], f["engine"], f["start"]
     broker = result["broker"] + (f", polling every {result['poll_s']:g} s" if result["poll_s"] else "")
     return "\n".join(
         [
             _machine(m),
             f"django-q2 on {broker}, {result['cluster_workers']} workers; {f['shards']} shards answering in "
-            f"{o['latency_ms']} ms, {f['down']} down; {f['runs']} runs x {o['steps']} groups x {o['creatures']} rows "
-            f"({f['spread']}); medians of {o['repeats']}",
+            f"{o['latency_ms']} ms, {f['fleet_down']} down ({f['down']}); {f['runs']} runs x {o['steps']} groups x "
+            f"{o['creatures']} rows ({f['spread']}); medians of {o['repeats']}",
+            f"shards started together in {_n(st['seconds'], ' s')}; resident memory per shard "
+            f"{_n(st['rss_mb_median'], ' MB')} at start, {_n(st['rss_mb_median_at_end'], ' MB')} at the end "
+            f"({_n(st['rss_mb_total_at_end'], ' MB')} in all)",
             f"engine: probe every {e['EVENT_OUTAGE_PROBE_S']} s, spread {e['EVENT_OUTAGE_SPREAD_S']} s, "
             f"watch every {e['EVENT_BACKEND_WATCH_S']} s; ticks: {f['ticks']}",
             "",
-            f"healthy shards' {f['healthy_rows']:,} rows given back {_n(h['seconds_one_down'], ' s')} after the last "
-            f"end with {f['down']} down {h['all_one_down']}, {_n(h['seconds_no_shard_down'], ' s')} with none down "
+            f"healthy shards' {f['healthy_rows']:,} rows given back {_n(h['seconds_down'], ' s')} after the last "
+            f"end with {f['down']} down {h['all_down']}, {_n(h['seconds_no_shard_down'], ' s')} with none down "
             f"{h['all_no_shard_down']}: {_x(h['ratio'])} (target {h['target_ratio']}x)",
+            f"wake tasks sleeping in a worker meanwhile, night by night: {_sleepers(h['wake_tasks_down'])} with "
+            f"{f['down']} down, {_sleepers(h['wake_tasks_no_shard_down'])} with none down",
             f"{f['down']}'s {f['down_rows']:,} rows: {d['attempts_spent']} attempts spent (target 0); back "
             f"{_n(d['back_after_end_s'], ' s')} after the last end, its last row given back "
             f"{_n(d['seconds_from_return'], ' s')} after its return {d['all']} (target {d['target_s']} s)",
@@ -88,6 +93,11 @@ def fleet_table(result):
             f"given back {_n(r['given_back_s'], ' s')} after the restart {r['all']} (target {r['target_s']} s)",
         ]
     )
+
+
+def _sleepers(nights):
+    """Each night's wake tasks as ``queued-done`` seconds after the last end."""
+    return "; ".join(", ".join(f"{t['queued_s']:.1f}-{t['done_s']:.1f} s" for t in night) or "none" for night in nights)
 
 
 def _machine(m):
