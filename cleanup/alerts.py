@@ -22,14 +22,17 @@ destination set (no ``ADMINS``, no ``EVENT_ALERT_WEBHOOK_URL``) has no outbox an
 A webhook's body is JSON with links to the admin's page and to the API. With
 ``EVENT_ALERT_WEBHOOK_SECRET`` set, each delivery is signed: ``X-Eventsite-Delivery`` is
 the message's id (the same on every retry of it), and ``X-Eventsite-Signature`` is
-``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the secret>`` (docs/api.md
-shows how a receiver checks it).
+``t=<unix seconds>,v2=<hex HMAC-SHA256 of "<t>.<delivery id>.<body>" under the secret>``:
+the id and the time are signed with the body, so a captured delivery sent again under
+another id does not verify (``v1``, over "<t>.<body>" alone, is still sent for receivers
+that check it; docs/api.md shows how a receiver checks ``v2`` and ignores a delivery seen).
 
 Stored text (a run's name, a ref, an error, a reason, who) reaches a mail or a webhook only
 through `validation.one_line`, in the message as it is queued and again as a mail is
 written: a CR/LF or a bidirectional control stored before names were checked, or
 answered by a module, adds no header and no line, and reads as the escape it is.
-May import: the models, conf, `logs` and `validation`; never the pass, which knows nothing of alerts.
+May import: the models, conf, `logs`, `validation` and the row owner's counts (`rows`); never
+the pass, which knows nothing of alerts.
 """
 
 import hashlib
@@ -67,6 +70,7 @@ from .models import (
     RunLog,
     backend_name,
 )
+from .rows import run_waiting as rows_of_run_waiting
 from .validation import one_line
 
 logger = logging.getLogger(__name__)
@@ -75,7 +79,9 @@ GAVE_UP = LogKind.CLEANUP_GAVE_UP
 RECOVERED = LogKind.CLEANUP_RECOVERED
 MODULE_DOWN = ModuleEventKind.DOWN
 MODULE_UP = ModuleEventKind.UP
-MODULE_EVENTS = (MODULE_DOWN, MODULE_UP)
+# A backend's dead-man's switch went off: told once per lapse (rule 34).
+MODULE_LAPSED = ModuleEventKind.LAPSED
+MODULE_EVENTS = (MODULE_DOWN, MODULE_UP, MODULE_LAPSED)
 # Bounds: runs told per call, messages sent per call, rows listed in one message.
 RUNS_PER_NOTICE = 50
 SENDS_PER_DELIVER = 20
@@ -168,7 +174,7 @@ def run_links(run_id: int) -> dict[str, str]:
 
 def describe(run: Run, event: str) -> dict[str, Any]:
     """The message: the run, its unresolved rows with their last errors, and a link to it."""
-    unresolved = Resource.objects.filter(run=run, state__in=UNRESOLVED)
+    unresolved = rows_of_run_waiting(run.pk)
     rows = unresolved.order_by("id")[:ROWS_PER_MESSAGE]
     return {
         "event": event,
@@ -244,10 +250,12 @@ def delivery_id(alert: Alert) -> str:
     return str(uuid.uuid5(DELIVERY_NAMESPACE, f"{alert.pk}:{alert.created_at.isoformat()}"))
 
 
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>.<body>">``; ``body`` is the bytes sent."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
+def signature(secret: str, timestamp: int, body: bytes, delivery: str = "") -> str:
+    """``t=<timestamp>,v1=<HMAC of "<timestamp>.<body>">,v2=<HMAC of "<timestamp>.<delivery>.<body>">``
+    (hex HMAC-SHA256 under ``secret``); ``body`` is the bytes sent."""
+    old = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    new = hmac.new(secret.encode(), f"{timestamp}.{delivery}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={old},v2={new}"
 
 
 def post_webhook(payload: object, delivery: str | None = None) -> str | None:
@@ -261,7 +269,7 @@ def post_webhook(payload: object, delivery: str | None = None) -> str | None:
         headers["X-Eventsite-Delivery"] = delivery
     secret: str = setting("EVENT_ALERT_WEBHOOK_SECRET")
     if secret:
-        headers["X-Eventsite-Signature"] = signature(secret, int(time.time()), body)
+        headers["X-Eventsite-Signature"] = signature(secret, int(time.time()), body, delivery or "")
     response = httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
     if response.status_code >= 300:
         return f"the webhook answered {response.status_code}"
@@ -354,7 +362,14 @@ def describe_module(event: ModuleEvent) -> dict[str, Any]:
 def module_mail_text(message: dict[str, Any]) -> tuple[str, str]:
     module = one_line(message.get("name") or message["module"])
     by = one_line(message["by"]) or "the engine"
-    if message["event"] == MODULE_DOWN:
+    if message["event"] == MODULE_LAPSED:
+        subject = f"Module {module} gave back by itself: no word from the core"
+        lead = (
+            f"{one_line(message['error'])}."
+            " The rows it gave back are recorded as given back and will not be called again;"
+            " runs still running there were aborted."
+        )
+    elif message["event"] == MODULE_DOWN:
         subject = f"Module {module} is down: its work waits"
         error = one_line(message["error"]) or "no error recorded"
         lead = (

@@ -1,17 +1,21 @@
 """The app's configuration: what happens when Django loads the app.
 
 It registers the system checks and the built-in actions, revokes a user's API tokens with
-the password (`api.tokens`), readies PostgreSQL connections
-for the pass's prepared statements, ensures the tick's schedule after `migrate`, and has
+the password (`api.tokens`), readies PostgreSQL connections for the pass's prepared
+statements (and a forked process for connections of its own), ensures the tick's schedule
+after `migrate`, and has
 a django-q2 worker that starts reconcile every module (rule 10).
 May import: anything of the app, lazily in `ready()`.
 """
+
+import os
 
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
 
 class CleanupConfig(AppConfig):
+    _fork_hook = False  # registered once, however often the app is readied
     name = "cleanup"
     verbose_name = "Events and cleanup"
     default_auto_field = "django.db.models.BigAutoField"
@@ -32,11 +36,14 @@ class CleanupConfig(AppConfig):
         from .api import tokens
         from .counters import flush_after_request
         from .runner import register_builtins
-        from .sql import ready_new_connection
+        from .sql import forget_inherited_connections, ready_new_connection
         from .tasks import on_worker_start
 
         post_migrate.connect(_ensure_schedule_after_migrate, sender=self)
         connection_created.connect(ready_new_connection, dispatch_uid="cleanup.ready_new_connection")
+        if not CleanupConfig._fork_hook:
+            os.register_at_fork(after_in_child=forget_inherited_connections)
+            CleanupConfig._fork_hook = True
         post_spawn.connect(on_worker_start, dispatch_uid="cleanup.on_worker_start")
         # What a request counted for the metrics is written when it ends (`cleanup.counters`).
         request_finished.connect(flush_after_request, dispatch_uid="cleanup.counters.flush")

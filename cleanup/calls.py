@@ -4,7 +4,7 @@ This is the only place the engine reads what a module said. Each classifier turn
 untrusted answer into a verdict, and no shape a failure can take reads as success: only
 a dict whose ``ok`` is exactly ``True`` is one, and then only when the rest of it has the
 shape the contract promises (rule 4).
-May import: conf, `logs` and `counters` only. Imported by everything that calls a module.
+May import: conf, `logs`, `counters` and `pacing` only. Imported by everything that calls a module.
 """
 
 import contextvars
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from django.db import connections
 
-from . import counters, logs
+from . import counters, logs, pacing
 from .conf import claim_timeout_s, default_budget_ms
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ def start(
     backend: str | None = None,
     verb: str | None = None,
     module: str | None = None,
+    turn_taken: bool = False,
     **kwargs: Any,
 ) -> Future[Answer]:
     """Start ``fn(**kwargs)`` on a worker; answers a `Future` of its `Answer`. Never raises.
@@ -127,12 +128,19 @@ def start(
     name the call in the metrics (`_Metric`; else they are read off ``fn`` and ``what``)
     and are not passed on. The call happens outside any database transaction of the
     caller's, on a worker with its own connections, which it closes when the call ends.
+
+    When the action or lease ``fn`` belongs to declares ``max_rate``, the caller first waits
+    for the call's turn on its backend (`pacing.wait_turn`): before the call starts, so the
+    wait is no part of its budget, and the call is then made. ``turn_taken``: the caller
+    already waited for it (`take_turn`), as the pass does before it marks a paced call.
     """
     future = _CallFuture()
     kwargs = {**kwargs, **backend_kwargs(fn, backend)}
     # The caller's log context (its run, module, backend, task) goes with the call.
     context = contextvars.copy_context()
     future.metric = _Metric(fn, what, backend, verb, module, logs.current())
+    if not turn_taken:
+        take_turn(fn, future.metric.labels["module"], backend)
 
     def call_in_context() -> Answer:
         return context.run(run)
@@ -154,8 +162,24 @@ def start(
     return future
 
 
+def paced(fn: Callable[..., object]) -> bool:
+    """Does the action or lease ``fn`` belongs to declare ``max_rate``?"""
+    owner = getattr(fn, "__self__", None)
+    return owner is not None and pacing.limits(owner) is not None
+
+
+def take_turn(fn: Callable[..., object], module: str | None, backend: str | None) -> float:
+    """Wait for the turn of a call to ``fn`` on ``backend`` when its action or lease declares
+    ``max_rate`` (`pacing.wait_turn`); answers the seconds waited."""
+    owner = getattr(fn, "__self__", None)
+    if owner is None or pacing.limits(owner) is None:
+        return 0.0
+    name = module or getattr(owner, "module", None) or ""
+    return pacing.wait_turn(owner, str(name), backend or "")
+
+
 # What a module is called for, as the metrics name it.
-VERBS = ("perform", "revert", "reconcile", "read", "apply", "restore", "health")
+VERBS = ("perform", "revert", "reconcile", "read", "apply", "restore", "health", "keepalive")
 
 
 class _Metric:
@@ -547,3 +571,32 @@ def classify_reconcile(answer: Answer, what: str) -> Reply:
 
 def _refs(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(r, str) for r in value)
+
+
+def classify_keepalive(answer: Answer, what: str) -> Reply:
+    """A ``keepalive`` answer: ``ok`` with ``value`` None (renewed), or with the lapse the
+    backend's switch reports, ``{"at", "silent_s", "given_back": [refs], "kept": {ref:
+    reason}}`` (rule 34); or a Reply whose ``ok`` is False. A lapse in any other shape is a
+    failure: what was given back must never be guessed."""
+    reply = classify_reply(answer, what)
+    if not reply.ok:
+        return reply
+    lapsed = _success(answer).get("lapsed")
+    if lapsed is None:
+        return Reply(ok=True)
+    bad = Reply(ok=False, error=f"{what} answered a lapse that is not {{given_back: [refs], kept: {{ref: reason}}}}")
+    if not isinstance(lapsed, dict):
+        return bad
+    given, kept = lapsed.get("given_back", []), lapsed.get("kept", {})
+    if not _refs(given) or not isinstance(kept, dict) or not all(isinstance(k, str) for k in kept):
+        return bad
+    at, silent = lapsed.get("at"), lapsed.get("silent_s")
+    return Reply(
+        ok=True,
+        value={
+            "at": at if isinstance(at, str) else None,
+            "silent_s": silent if isinstance(silent, int | float) and not isinstance(silent, bool) else None,
+            "given_back": list(given),
+            "kept": {ref: reason_text(str(why)) for ref, why in kept.items() if ref not in set(given)},
+        },
+    )

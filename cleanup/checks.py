@@ -1,27 +1,37 @@
 """System checks (`manage.py check`) for the database, the engine's settings and django-q2's
-configuration. Imports only `cleanup.conf`, whose table the setting checks iterate, and Django.
-May import: conf only.
+configuration. Imports only `cleanup.conf`, whose table the setting checks iterate,
+`cleanup.limits` (where the shared counters are kept), and Django.
+May import: conf, limits.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.postgresql.base import DatabaseWrapper as PostgreSQLWrapper
 from django.db.utils import load_backend
 
-from .conf import SETTINGS, WAKE_SLEEP_MAX_S, setting
+from . import limits
+from .conf import SETTINGS, setting
 
 
 @checks.register(checks.Tags.compatibility)
-def check_database_is_postgresql(app_configs=None, **kwargs):
+def check_database_is_postgresql(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """The engine's claims, verdicts and tally are PostgreSQL's (SKIP LOCKED, triggers, advisory
     locks): every database of the site must be one."""
-    errors = []
+    errors: list[checks.CheckMessage] = []
     for alias, database in settings.DATABASES.items():
-        vendor = _vendor(database.get("ENGINE") or "")
-        if vendor != "postgresql":
+        engine = database.get("ENGINE") or ""
+        if not _is_postgresql(engine):
             errors.append(
                 checks.Error(
-                    f"The database {alias!r} is {vendor} ({database.get('ENGINE')}); the app runs on PostgreSQL only.",
+                    f"The database {alias!r} is {_name(engine)} ({engine or 'no ENGINE'}); "
+                    "the app runs on PostgreSQL only.",
                     hint="Point it at a PostgreSQL server, 15 or later: set DATABASE_URL, such as "
                     "postgres://user:password@host:5432/events, where the site's settings read it, "
                     "else DATABASES itself.",
@@ -31,20 +41,72 @@ def check_database_is_postgresql(app_configs=None, **kwargs):
     return errors
 
 
-def _vendor(engine):
-    """The vendor of a database engine (``postgresql`` for PostGIS too); its last dotted name
-    when its backend cannot be loaded here."""
+@checks.register(checks.Tags.database, deploy=True)
+def check_connections_are_pooled(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Served under ASGI (the production recipe), a request's queries run on a thread that
+    lives only as long as the request: without a pool, each would open a connection of its
+    own and leave it to be closed when its thread is gone."""
+    database = settings.DATABASES.get("default", {})
+    if (database.get("OPTIONS") or {}).get("pool"):
+        return []
+    return [
+        checks.Warning(
+            "The database's connections are not pooled: under ASGI each request would open its own.",
+            hint="Set DATABASE_POOL_MAX_SIZE (such as 4) where the site's settings read it, else "
+            "DATABASES['default']['OPTIONS']['pool'] (README, Running in production).",
+            id="cleanup.W030",
+        )
+    ]
+
+
+@checks.register(checks.Tags.caches, deploy=True)
+def check_counters_are_shared(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The throttles, the token lockout and the error mail's bound count in one cache: in a
+    process's own memory, three workers would allow three times each limit."""
+    backend = limits.per_process()
+    if backend is None:
+        return []
+    return [
+        checks.Warning(
+            f"The counters' cache {limits.alias()!r} ({backend or 'no BACKEND'}) is not shared by the "
+            "site's processes: each worker would count the API's throttles, failed tokens and error "
+            "mail apart.",
+            hint="Set REDIS_URL, or leave it unset for the database cache the site's settings name "
+            f"(the table {limits.TABLE!r}, made by migrate); else point CACHES[{limits.COUNTERS_CACHE!r}] "
+            "at Redis or django.core.cache.backends.db.DatabaseCache.",
+            id="cleanup.W031",
+        )
+    ]
+
+
+def _is_postgresql(engine: str) -> bool:
+    """Is the engine Django's PostgreSQL backend, or one built on it (PostGIS)?"""
     try:
-        return load_backend(engine).DatabaseWrapper.vendor
+        wrapper = load_backend(engine).DatabaseWrapper
+    except (ImproperlyConfigured, ImportError):
+        return False
+    return issubclass(wrapper, PostgreSQLWrapper)
+
+
+def _name(engine: str) -> str:
+    """What a person calls the engine's database (``SQLite``); its last dotted name when its
+    backend cannot be loaded here."""
+    try:
+        name: str = load_backend(engine).DatabaseWrapper.display_name
+        return name
     except (ImproperlyConfigured, ImportError):
         return engine.rsplit(".", 1)[-1] or "unset"
 
 
 @checks.register(checks.Tags.compatibility)
-def check_engine_settings(app_configs=None, **kwargs):
-    errors = []
+def check_engine_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
     for entry in SETTINGS:
-        if entry.low is None:
+        if entry.low is None or entry.high is None:
             continue
         # An old name is checked like the new one: it is still read.
         for name in entry.names:
@@ -66,7 +128,7 @@ def check_engine_settings(app_configs=None, **kwargs):
     return errors
 
 
-def _bounds_error(name, value, low, high):
+def _bounds_error(name: str, value: object, low: int, high: int) -> checks.CheckMessage | None:
     """Why a whole-number setting's value is refused (E001, E002), or None."""
     hint = f"Set {name} to a whole number from {low} to {high}."
     if isinstance(value, bool) or not isinstance(value, int):
@@ -77,7 +139,7 @@ def _bounds_error(name, value, low, high):
 
 
 @checks.register(checks.Tags.compatibility)
-def check_renamed_settings(app_configs=None, **kwargs):
+def check_renamed_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return [
         checks.Warning(
             f"{old} is deprecated: it is now {entry.name}.",
@@ -92,11 +154,11 @@ def check_renamed_settings(app_configs=None, **kwargs):
 
 
 @checks.register(checks.Tags.compatibility)
-def check_q_cluster(app_configs=None, **kwargs):
+def check_q_cluster(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     conf = getattr(settings, "Q_CLUSTER", None)
     if not isinstance(conf, dict):
         return [checks.Error("Q_CLUSTER is not set.", id="cleanup.E010")]
-    errors = []
+    errors: list[checks.CheckMessage] = []
     timeout, retry = conf.get("timeout"), conf.get("retry", 60)
     if not isinstance(timeout, int) or not isinstance(retry, int) or timeout >= retry:
         errors.append(
@@ -109,14 +171,13 @@ def check_q_cluster(app_configs=None, **kwargs):
         )
     tick_s = setting("EVENT_TICK_BUDGET_S")
     call_s = setting("EVENT_DEFAULT_BUDGET_MS") / 1000
-    if isinstance(timeout, int) and isinstance(tick_s, int) and WAKE_SLEEP_MAX_S + tick_s + call_s >= timeout:
+    if isinstance(timeout, int) and isinstance(tick_s, int) and tick_s + call_s >= timeout:
         errors.append(
             checks.Error(
-                f"EVENT_TICK_BUDGET_S={tick_s!r} plus one module call ({call_s:g} s) and the wake-up's "
-                f"sleep ({WAKE_SLEEP_MAX_S} s) is not below Q_CLUSTER timeout={timeout!r}.",
+                f"EVENT_TICK_BUDGET_S={tick_s!r} plus one module call ({call_s:g} s) "
+                f"is not below Q_CLUSTER timeout={timeout!r}.",
                 hint="A tick stops starting work after its budget, but the call it is in may "
-                "still take its own budget, and the engine's wake task sleeps before it ticks; "
-                "all must end before django-q2 kills the task.",
+                "still take its own budget; both must end before django-q2 kills the task.",
                 id="cleanup.E014",
             )
         )

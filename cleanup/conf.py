@@ -44,9 +44,9 @@ class Setting:
 
 
 DAY_S = 86_400
-# The longest the engine's wake task sleeps, holding a worker, before it ticks
-# (`cleanup.wakeup`): a constant, not a setting; `cleanup.checks` counts it in a task's time.
-WAKE_SLEEP_MAX_S = 40
+# The longest the timer of the engine's wake task waits before the task is queued again
+# (`cleanup.wakeup`): a constant, not a setting. The timer is a thread; it holds no worker.
+WAKE_TIMER_MAX_S = 40
 
 SETTINGS = (
     # The cleanup pass. The database CHECK on Resource.revert_attempts is written with the
@@ -137,6 +137,15 @@ SETTINGS = (
         "reconciles a tick makes for backends that owe one after a restart (rule 14), oldest first, whether or "
         "not a cluster runs; the others wait for the next tick, or for the task queued when the restart was seen",
     ),
+    # The dead-man's switch (cleanup.deadman, rule 34).
+    Setting(
+        "EVENT_DEADMAN_TTL_S",
+        900,
+        0,
+        7 * DAY_S,
+        "a backend whose module has `keepalive` gives back by itself what the core's runs took there when it hears "
+        "no renewal for this long; renewed at least every third of it; 0 turns the switch off",
+    ),
     # What one run may hold (cleanup.validation).
     Setting("EVENT_MAX_STEPS", 1000, None, None, "the most steps a run may have"),
     Setting("EVENT_MAX_PARAMS_BYTES", 16 * 1024, None, None, "the largest params of one step, in bytes of JSON"),
@@ -211,17 +220,42 @@ SETTINGS = (
         5,
         1,
         1_000,
-        "failed logins for one username after which it is locked out, even with the right password",
+        "failed logins for one username from one client address after which that username is locked out "
+        "from that address, even with the right password (other addresses are not)",
     ),
-    Setting("EVENT_LOGIN_COOLOFF_S", 900, 1, 30 * DAY_S, "how long a locked-out username stays locked out"),
+    Setting(
+        "EVENT_LOGIN_ADDRESS_FAILURE_LIMIT",
+        20,
+        1,
+        100_000,
+        "failed logins from one client address, whatever the usernames, after which every login from it "
+        "is refused for `EVENT_LOGIN_COOLOFF_S`",
+    ),
+    Setting(
+        "EVENT_LOGIN_COOLOFF_S",
+        900,
+        1,
+        30 * DAY_S,
+        "how long a locked-out username (from one address), or a locked-out address, stays locked out",
+    ),
     Setting("EVENT_TOKEN_TTL_DAYS", 30, 1, 3_650, "an API token made without `--ttl` expires after this many days"),
     Setting(
         "EVENT_TOKEN_FAILURE_LIMIT",
         20,
         1,
         100_000,
-        "failed token authentications from one client address within `EVENT_TOKEN_FAILURE_WINDOW_S`, "
-        "after which its token requests are answered 429",
+        "failed token authentications within `EVENT_TOKEN_FAILURE_WINDOW_S` from one client address "
+        "with one key prefix, after which that prefix is answered 429 there; as many from one address, "
+        "and only keys with a stored token's prefix are still tried from it",
+    ),
+    Setting(
+        "EVENT_TOKEN_AUTH_MEMORY_S",
+        5,
+        0,
+        60,
+        "how long a process remembers a token it authenticated (its user and permissions) before it asks the "
+        "database again; a revoked token or a changed permission holds at once in the process that made the "
+        "change, within this many seconds in the others; 0 asks every time",
     ),
     Setting("EVENT_TOKEN_FAILURE_WINDOW_S", 60, 1, DAY_S, "the window `EVENT_TOKEN_FAILURE_LIMIT` counts failures in"),
     Setting(

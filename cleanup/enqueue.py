@@ -22,6 +22,7 @@ RECONCILE = "cleanup.tasks.reconcile_task"
 RECONCILE_OWED = "cleanup.tasks.reconcile_owed_task"
 STARTUP = "cleanup.tasks.startup_task"
 WAKE = "cleanup.tasks.wake_task"
+KEEPALIVE = "cleanup.tasks.keepalive_task"
 
 
 def enqueue(func: str, *args: object, **kwargs: object) -> None:
@@ -66,6 +67,12 @@ def queue_reconcile(module: str | None = None, restarted: bool = False, backend:
 def queue_owed_reconcile(module: str, backend: str = "") -> None:
     """Queue the reconcile a backend owes after a restart, to hurry it: the tick pays it anyway."""
     enqueue(RECONCILE_OWED, module=module, backend=backend, task_name="owed reconcile")
+
+
+def queue_keepalive(loop: str | None = None) -> None:
+    """Queue the renewal of the dead-man's switch sessions (rule 34); with ``loop``, the
+    renewal loop of that token goes on."""
+    enqueue(KEEPALIVE, loop=loop, task_name="keepalive")
 
 
 def queue_startup() -> None:

@@ -24,6 +24,9 @@ __all__ = [
     "Failure",
     "HealthAnswer",
     "HealthOk",
+    "KeepaliveAnswer",
+    "KeepaliveOk",
+    "Lapse",
     "Ok",
     "PerformAnswer",
     "PerformOk",
@@ -116,6 +119,29 @@ class HealthOk(TypedDict):
     boot_id: NotRequired[str]
 
 
+class Lapse(TypedDict):
+    """What a backend's dead-man's switch did when the core's session lapsed.
+
+    ``given_back``: the ledger refs it gave back by itself (creatures removed, leases put
+    back to their baseline). ``kept``: refs it could not give back, each with why. ``at``:
+    when it went off (ISO 8601), ``silent_s``: how long it had heard nothing; either may be
+    None when the backend cannot tell.
+    """
+
+    at: str | None
+    silent_s: float | None
+    given_back: list[str]
+    kept: dict[str, str]
+
+
+class KeepaliveOk(TypedDict):
+    """``keepalive``: the session is renewed, or, with ``lapsed``, it had lapsed before
+    this call (the engine then starts a new session)."""
+
+    ok: Literal[True]
+    lapsed: NotRequired[Lapse]
+
+
 class ReadOk(TypedDict):
     """``read``: the value in force now."""
 
@@ -157,3 +183,4 @@ ReadAnswer: TypeAlias = ReadOk | Failure
 ApplyAnswer: TypeAlias = Ok | Failure
 RestoreAnswer: TypeAlias = Ok | Drifted | Failure
 HealthAnswer: TypeAlias = HealthOk | Failure
+KeepaliveAnswer: TypeAlias = KeepaliveOk | Failure

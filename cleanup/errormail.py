@@ -7,20 +7,21 @@ task instead of talking to the SMTP server, so a slow or silent server holds no 
 An error is the same error when it has the same logger, the same kind (the exception's
 class, or the message's template such as "Internal Server Error: %s") and is raised at
 the same place (file and line of the innermost frame): a flood of one error mails once per
-interval (per process, or per site when the cache is shared). A mail that cannot be queued
-is dropped; the console's log of the error stays.
+interval for the whole site (counted in the counters every process shares,
+`cleanup.limits`). A mail that cannot be queued is dropped; the console's log of the error
+stays.
 
-May import: conf (and Django, django-q2 when a mail is queued); nothing imports it but
-the ``LOGGING`` setting.
+May import: conf, limits (and Django, django-q2 when a mail is queued); nothing imports it
+but the ``LOGGING`` setting.
 """
 
 import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.core.cache import cache
 from django.utils.log import AdminEmailHandler
 
+from . import limits
 from .conf import setting
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def first_in_interval(record: logging.LogRecord) -> bool:
     if interval <= 0:
         return True
     try:
-        return cache.add(f"cleanup:error-mail:{fingerprint(record)}", 1, interval)
+        return limits.counters().add(f"cleanup:error-mail:{fingerprint(record)}", 1, interval)
     except Exception:  # a cache that is down: mail, as without the bound
         return True
 

@@ -9,20 +9,23 @@ and a lease row's payload holds the engine's baseline (rule 15).
 May import: the models and `registry`. Imported by the runner.
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
 from . import registry
 from . import rows as ledger_rows
-from .models import LEASE_KIND, STEP_KIND, Resource
+from .models import LEASE_KIND, STEP_KIND, Resource, Step
 
 
-def write_placeholder(step, module):
+def write_placeholder(step: Step, module: str) -> Resource:
     """The write-ahead row of one step (kind ``step``), once per step however often it runs."""
     return ledger_rows.reserve_placeholder(step, module)
 
 
-def record_resources(step, module, resources):
+def record_resources(step: Step, module: str, resources: Sequence[Mapping[str, Any]]) -> list[Resource]:
     """Ledger what a step reports it made; ``resources`` are classified entries.
 
     A ref the step already recorded (a retried perform reporting the same creature) is
@@ -33,7 +36,7 @@ def record_resources(step, module, resources):
     now = timezone.now()
     with transaction.atomic():
         known = set(Resource.objects.filter(step=step).exclude(kind=STEP_KIND).values_list("kind", "ref"))
-        new = []
+        new: list[Resource] = []
         for item in resources:
             if (item["kind"], item["ref"]) in known:
                 continue
@@ -56,7 +59,7 @@ def record_resources(step, module, resources):
         return ledger_rows.record(new)
 
 
-def reserve_lease(step, lease, target, baseline, applied):
+def reserve_lease(step: Step, lease: registry.Lease, target: str, baseline: Any, applied: Any) -> Resource:
     """Record a lease (kind ``override``) before it is applied; answers the row.
 
     It is ``confirmed: false`` until `confirm_lease`: until then the engine does not take
@@ -68,13 +71,13 @@ def reserve_lease(step, lease, target, baseline, applied):
         module=lease.module,
         backend=step.backend,
         kind=LEASE_KIND,
-        ref=registry.lease_ref(lease.id, target),
+        ref=registry.lease_ref(str(lease.id), target),
         action=step.action_id,
         payload={"baseline": baseline, "applied": applied},
     )
 
 
-def confirm_lease(row):
+def confirm_lease(row: Resource) -> None:
     """The lease's apply answered success. Under a lock: a hand-down may be rewriting the
     row's baseline at the same moment, and neither change may lose the other."""
     ledger_rows.confirm(row.pk)

@@ -7,6 +7,7 @@ May import: the pass (`cleanup.sweep`), the models, `cleanup.rows`, `enqueue`, `
 """
 
 import time
+from collections.abc import Callable, Iterable
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -23,7 +24,7 @@ from .sweep import CleanupRefused, cleanup_run, reset_for_person, statuses
 RETRY_GAP_S = 0.5
 
 
-def check_cleanup(run):
+def check_cleanup(run: Run) -> None:
     """Refuse, with the reason, a cleanup a person may not ask for now."""
     if not run.is_terminal:
         raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
@@ -31,7 +32,7 @@ def check_cleanup(run):
         raise CleanupRefused(f"run {run.pk} owes nothing: every row it took is resolved, so there is nothing to clean")
 
 
-def request_cleanup(run, actor, reset=True):
+def request_cleanup(run: Run, actor: str | None, reset: bool = True) -> int:
     """Rule 6, as the admin and the API ask for it: reset the run's rows, queue a pass.
 
     With ``reset=False`` (the API's ``{"reset": false}``) the counters are kept: only a pass
@@ -50,7 +51,7 @@ def request_cleanup(run, actor, reset=True):
     return cleared
 
 
-def request_cleanups(runs, actor):
+def request_cleanups(runs: Iterable[Run], actor: str | None) -> tuple[list[tuple[Run, int]], list[str]]:
     """A person's retry of several runs: each reset now, their passes queued as one task.
 
     django-q2 cannot delay a task by seconds (its scheduler looks every 30 s at best), so
@@ -58,7 +59,8 @@ def request_cleanups(runs, actor):
     Answers ``(run, rows reset)`` for each run accepted, and the refusals.
     """
     validation.check_actor(actor)
-    accepted, refused = [], []
+    accepted: list[tuple[Run, int]] = []
+    refused: list[str] = []
     for run in runs:
         try:
             run = Run.objects.get(pk=run.pk)
@@ -74,7 +76,12 @@ def request_cleanups(runs, actor):
     return accepted, refused
 
 
-def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=None):
+def clean_in_turn(
+    run_ids: Iterable[int],
+    actor: str | None,
+    gap_s: float = RETRY_GAP_S,
+    sleep: Callable[[float], object] | None = None,
+) -> int:
     """One pass for each run, started ``gap_s`` apart, so a shard back from an outage is not
     hit by every run at once (rule 28); answers the runs passed."""
     done = 0
@@ -87,7 +94,7 @@ def clean_in_turn(run_ids, actor, gap_s=RETRY_GAP_S, sleep=None):
     return done
 
 
-def waive(rows, reason, actor):
+def waive(rows: Iterable[Resource], reason: str, actor: str) -> int:
     """Rule 12: a person resolves unresolved rows by hand; answers how many were waived.
 
     The row keeps its last error: the reason, the person and the time are kept beside it.

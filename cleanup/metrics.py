@@ -11,6 +11,7 @@ Every name starts with ``EVENT_METRICS_NAMESPACE`` (a site sets its own name the
   counted as they resolve, by ``_sweep_rows_total``);
 - ``_runs{status,cleanup_status}``; ``_rows_waiting_for_person``;
   ``_oldest_unresolved_seconds``; ``_backend_up{module,backend}``; ``_alerts_pending``;
+  ``_reconciles_owed``, ``_oldest_owed_reconcile_seconds`` (restarts not yet reconciled, rule 14);
 - ``_module_calls_total{module,backend,verb,outcome}``, ``_module_call_seconds{module,
   backend,verb}`` (a histogram), ``_sweep_passes_total``, ``_sweep_rows_total{verdict}``.
 May import: the models, conf, `cleanup.rows` (what waits for a person), `counters`, `outages`, `tally`.
@@ -20,22 +21,27 @@ import hmac
 import ipaddress
 import json
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 
 from django.db.models import Count, Min
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from . import counters, outages, tally
 from . import rows as ledger_rows
 from .conf import max_revert_attempts, setting
-from .models import UNRESOLVED, Alert, Counter, ModuleState, Resource
+from .models import UNRESOLVED, Alert, Counter, ModuleHealth, ModuleState, Resource
+
+# Each counter's samples by name: its labels (JSON as the counter row keeps them) and value.
+Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def allowed(request):
+def allowed(request: HttpRequest) -> bool:
     """The token when one is set (compared in constant time), else a loopback address."""
     token = setting("EVENT_METRICS_TOKEN")
     if token:
@@ -48,7 +54,7 @@ def allowed(request):
 
 
 @require_safe
-def metrics(request):
+def metrics(request: HttpRequest) -> HttpResponse:
     if not allowed(request):
         answer = HttpResponse("forbidden: send Authorization: Bearer <EVENT_METRICS_TOKEN>\n", status=403)
         answer["Content-Type"] = "text/plain; charset=utf-8"
@@ -65,20 +71,21 @@ def metrics(request):
 class Collector:
     """Reads every figure once per scrape."""
 
-    def __init__(self, namespace):
+    def __init__(self, namespace: str) -> None:
         self.ns = namespace
 
-    def name(self, short):
+    def name(self, short: str) -> str:
         return f"{self.ns}_{short}" if self.ns else short
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield from self.ledger()
         yield self.runs()
         yield from self.backends()
+        yield from self.reconciles()
         yield self.alerts()
         yield from self.counted()
 
-    def ledger(self):
+    def ledger(self) -> Iterator[Metric]:
         rows = GaugeMetricFamily(
             self.name("ledger_rows"), "Unresolved ledger rows.", labels=["state", "module", "backend"]
         )
@@ -100,7 +107,7 @@ class Collector:
         age.add_metric([], (timezone.now() - oldest).total_seconds() if oldest else 0)
         yield age
 
-    def runs(self):
+    def runs(self) -> Metric:
         family = GaugeMetricFamily(
             self.name("runs"), "Runs by status and cleanup status.", labels=["status", "cleanup_status"]
         )
@@ -109,7 +116,7 @@ class Collector:
             family.add_metric([status, cleanup_status], n)
         return family
 
-    def backends(self):
+    def backends(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             self.name("backend_up"),
             "1 when a module's backend is up, 0 while it is down.",
@@ -120,14 +127,32 @@ class Collector:
                 family.add_metric([health.module, health.backend], 0 if health.state == ModuleState.DOWN else 1)
         yield family
 
-    def alerts(self):
+    def reconciles(self) -> Iterator[Metric]:
+        """The reconciles backends owe after a restart (`outages.owe_reconcile`), which the
+        tick pays: how many, and how long the oldest has waited (0 when none)."""
+        owed = ModuleHealth.objects.filter(reconcile_owed_since__isnull=False).aggregate(
+            n=Count("id"), since=Min("reconcile_owed_since")
+        )
+        count = GaugeMetricFamily(
+            self.name("reconciles_owed"), "Backends that owe a reconcile after a restart, not yet finished."
+        )
+        count.add_metric([], owed["n"])
+        yield count
+        age = GaugeMetricFamily(
+            self.name("oldest_owed_reconcile_seconds"),
+            "How long the oldest reconcile owed after a restart has waited (0 when none).",
+        )
+        age.add_metric([], (timezone.now() - owed["since"]).total_seconds() if owed["since"] else 0)
+        yield age
+
+    def alerts(self) -> Metric:
         family = GaugeMetricFamily(self.name("alerts_pending"), "Alerts written and not yet delivered.")
         family.add_metric([], Alert.objects.filter(sent_at__isnull=True).count())
         return family
 
-    def counted(self):
+    def counted(self) -> Iterator[Metric]:
         rows = list(Counter.objects.all())
-        by_name = defaultdict(list)
+        by_name: Samples = defaultdict(list)
         for row in rows:
             by_name[row.name].append((json.loads(row.labels), row.value))
         calls = CounterMetricFamily(
@@ -151,17 +176,18 @@ class Collector:
             verdicts.add_metric([labels.get("verdict", "")], value)
         yield verdicts
 
-    def histogram(self, by_name, short, documentation, label_names):
+    def histogram(self, by_name: Samples, short: str, documentation: str, label_names: Sequence[str]) -> Metric:
         family = HistogramMetricFamily(self.name(short), documentation, labels=label_names)
-        buckets = defaultdict(dict)
-        sums = {}
+        buckets: defaultdict[tuple[str, ...], dict[str, float]] = defaultdict(dict)
+        sums: dict[tuple[str, ...], float] = {}
         for labels, value in by_name[f"{short}_bucket"]:
             key = tuple(labels.get(k, "") for k in label_names)
             buckets[key][labels.get("le", "+Inf")] = value
         for labels, value in by_name[f"{short}_sum"]:
             sums[tuple(labels.get(k, "") for k in label_names)] = value
         for key in sorted(buckets):
-            running, cumulative = 0.0, []
+            running = 0.0
+            cumulative: list[tuple[str, float]] = []
             for bound in (*map(str, counters.BUCKETS), "+Inf"):
                 running += buckets[key].get(bound, 0)
                 cumulative.append((bound, running))

@@ -5,10 +5,18 @@ A ledger row's predicates and transitions are `cleanup.rows`'s, a run's cleanup 
 May import: conf only; the engine imports the models, never the other way round.
 """
 
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, TypedDict
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from .conf import ATTEMPTS_CEILING
 
@@ -28,6 +36,9 @@ class CleanupStatus(models.TextChoices):
     PENDING = "pending", "pending"
     COMPLETE = "complete", "complete"
     INCOMPLETE = "incomplete", "incomplete"
+    # Ended with its rows kept on purpose (a cancel without cleanup, rule 7): a person's
+    # choice, not a cleanup that gave up, so no alert and not counted with those.
+    LEFT = "left", "left for later"
 
 
 class AlertedStatus(models.TextChoices):
@@ -100,7 +111,10 @@ class LogKind(models.TextChoices):
     STEP_FAILED = "step.failed", "step.failed"
     STEP_WAITING = "step.waiting", "step.waiting"
     CLEANUP_RETRY = "cleanup.retry", "cleanup.retry"
+    # After every pass that attempted anything; ``detail.remaining`` says what is left.
     CLEANUP_SWEPT = "cleanup.swept", "cleanup.swept"
+    # Once, when the run's cleanup turns complete: nothing of it is left unresolved.
+    CLEANUP_COMPLETED = "cleanup.completed", "cleanup.completed"
     CLEANUP_REVERTED = "cleanup.reverted", "cleanup.reverted"
     CLEANUP_FAILED = "cleanup.failed", "cleanup.failed"
     CLEANUP_GAVE_UP = "cleanup.gave_up", "cleanup.gave_up"
@@ -108,6 +122,8 @@ class LogKind(models.TextChoices):
     RESOURCE_ORPHANED = "resource.orphaned", "resource.orphaned"
     RESOURCE_WAIVED = "resource.waived", "resource.waived"
     RESOURCE_RESURRECTED = "resource.resurrected", "resource.resurrected"
+    # A backend's dead-man's switch gave back what the run held there (`cleanup.deadman`).
+    BACKEND_LAPSED = "backend.lapsed", "backend.lapsed"
 
 
 class ModuleEventKind(models.TextChoices):
@@ -116,6 +132,8 @@ class ModuleEventKind(models.TextChoices):
     DOWN = "module.down", "module.down"
     UP = "module.up", "module.up"
     GAVE_UP = "module.gave_up", "module.gave_up"
+    # The backend's dead-man's switch went off: it heard nothing from the core for its ttl.
+    LAPSED = "module.lapsed", "module.lapsed"
 
 
 STEP_KIND = "step"
@@ -176,11 +194,11 @@ class Run(models.Model):
             ),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
 
     @property
-    def is_terminal(self):
+    def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
 
@@ -203,21 +221,25 @@ class Step(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Never stored: why the step waits, set on the steps the admin lists (`cleanup.admin.lists.mark_waiting`).
+    waiting: str | None
+
     class Meta:
         ordering = ["run_id", "position"]
         constraints = [
             models.UniqueConstraint(fields=["run", "position"], name="step_run_position_uniq"),
         ]
 
-    def __str__(self):
-        return f"{self.run_id}.{self.position} {self.action_id}"
+    def __str__(self) -> str:
+        # As the pages count steps, from 1; the run named as its breadcrumb names it.
+        return f"step {self.position + 1} of run #{self.run_id}: {self.action_id}"
 
 
-class ResourceQuerySet(models.QuerySet):
-    def unresolved(self):
+class ResourceQuerySet(models.QuerySet["Resource"]):
+    def unresolved(self) -> ResourceQuerySet:
         return self.filter(state__in=UNRESOLVED)
 
-    def without_covered_placeholders(self):
+    def without_covered_placeholders(self) -> ResourceQuerySet:
         """Without the step placeholders whose step still has another unresolved row.
 
         A placeholder stands for its step until the step records what it made. While any
@@ -279,6 +301,16 @@ class Resource(models.Model):
 
     objects = ResourceQuerySet.as_manager()
 
+    # Never stored: what the admin's pages show of a row, set on the rows they list
+    # (`cleanup.admin.lists.mark_waiting`, the run page).
+    waiting: str | None
+    attempt_text: str
+    state_class: str
+    state_word: str
+    state_line: str
+    what: str
+    ref_shown: SafeString
+
     class Meta:
         ordering = ["id"]
         constraints = [
@@ -288,7 +320,7 @@ class Resource(models.Model):
             ),
         ]
         indexes = [
-            # cleanup.sweep.statements (take_runs, heads, claim_rows): the runs with rows to
+            # cleanup.sweep.statements (finder, claim): the runs with rows to
             # claim, and a run's claimable rows.
             models.Index(
                 fields=["run", "step"],
@@ -343,23 +375,34 @@ class Resource(models.Model):
             ),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.kind}:{self.ref}"
 
     @property
-    def is_placeholder(self):
+    def is_placeholder(self) -> bool:
         return self.kind == STEP_KIND
 
     @property
-    def is_lease(self):
+    def is_lease(self) -> bool:
         return self.kind == LEASE_KIND
 
     @property
-    def action_id(self):
+    def action_id(self) -> str | None:
         """The action that made this row: its step's, else the one the row keeps."""
         if self.step_id is not None and self.step is not None:
             return self.step.action_id
         return self.action or None
+
+
+class AttemptOf(Protocol):
+    """What an attempt is recorded of: a ledger row, or the sweep's claimed copy of one."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def revert_attempts(self) -> int: ...
 
 
 class Attempt(models.Model):
@@ -384,16 +427,24 @@ class Attempt(models.Model):
             models.Index(fields=["resource", "-at"], name="attempt_resource_at_idx"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.resource_id} #{self.number} {self.outcome}"
 
     @classmethod
-    def record(cls, rows, outcome, error="", by="", at=None, numbers=None):
+    def record(
+        cls,
+        rows: Iterable[AttemptOf],
+        outcome: str,
+        error: str = "",
+        by: str | None = "",
+        at: dt.datetime | None = None,
+        numbers: Mapping[int, int] | None = None,
+    ) -> None:
         """One entry per row, in one insert. ``numbers`` maps row id to its attempt number."""
         at = at or timezone.now()
         numbers = numbers or {}
-        cls.objects.bulk_create(
-            cls(
+        Attempt.objects.bulk_create(
+            Attempt(
                 resource_id=r.pk,
                 run_id=r.run_id,
                 number=numbers.get(r.pk, r.revert_attempts),
@@ -422,11 +473,11 @@ class RunLog(models.Model):
             models.Index(fields=["id"], name="runlog_unfed_idx", condition=Q(seq__isnull=True)),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.run_id} {self.kind}"
 
     @classmethod
-    def write(cls, run_id, kind, **detail):
+    def write(cls, run_id: int, kind: str, **detail: Any) -> RunLog:
         return cls.objects.create(run_id=run_id, kind=kind, detail=detail)
 
 
@@ -435,9 +486,17 @@ class ModuleState(models.TextChoices):
     DOWN = "down", "down"
 
 
-class ModuleHealthQuerySet(models.QuerySet):
-    def down(self):
+class ModuleHealthQuerySet(models.QuerySet["ModuleHealth"]):
+    def down(self) -> ModuleHealthQuerySet:
         return self.filter(state=ModuleState.DOWN)
+
+
+class Waiting(TypedDict):
+    """What work that waits on a backend says of it (`ModuleHealth.waiting`)."""
+
+    backend: str
+    since: dt.datetime | None
+    reason: str
 
 
 class ModuleHealth(models.Model):
@@ -495,23 +554,23 @@ class ModuleHealth(models.Model):
             models.UniqueConstraint(fields=["module", "backend"], name="modulehealth_module_backend_uniq"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.name}: {self.state}"
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The module, and its backend when it has several: ``sandbox`` or ``sandbox/north``."""
         return backend_name(self.module, self.backend)
 
-    def held_at(self, now):
+    def held_at(self, now: dt.datetime) -> bool:
         """Is a person's mark-down still holding at ``now``?"""
         return self.held and (self.held_until is None or self.held_until > now)
 
-    def waiting(self):
+    def waiting(self) -> Waiting:
         """What work that waits on this backend says, as values: which backend, since when, why."""
         return {"backend": self.name, "since": self.down_since, "reason": self.last_error}
 
-    def owed_text(self):
+    def owed_text(self) -> str | None:
         """What a person is shown of an owed reconcile: since when, and how many restarts
         were seen; None when none is owed."""
         if self.reconcile_owed_since is None:
@@ -519,16 +578,68 @@ class ModuleHealth(models.Model):
         since = timezone.localtime(self.reconcile_owed_since).strftime("%Y-%m-%d %H:%M:%S")
         return f"reconcile owed since {since} (after restart {self.restarts_seen} seen)"
 
-    def waiting_text(self):
+    def waiting_text(self) -> str:
         """What a person is shown for work that waits on this backend."""
         since = timezone.localtime(self.down_since).strftime("%H:%M:%S") if self.down_since else "?"
         reason = f" ({self.last_error})" if self.last_error else ""
         return f"waiting: {self.name} is down since {since}{reason}"
 
 
-def backend_name(module, backend=""):
+def backend_name(module: str, backend: str = "") -> str:
     """How people read a module's backend: the module alone for its only backend."""
     return f"{module}/{backend}" if backend else module
+
+
+class DeadmanSwitch(models.Model):
+    """The core's session with one backend of a module that has ``keepalive``: the dead-man's switch.
+
+    One row per ``(module, backend)``, made when the engine first gives the backend work
+    under a session. The engine renews ``session`` at least every third of
+    ``EVENT_DEADMAN_TTL_S``; a backend that hears nothing for that long gives back, by
+    itself, what it holds under the session. When the core next hears that it did, the
+    session is replaced by a new one with a conditional UPDATE naming the old one (the row
+    count says which worker records the lapse), and ``lapses`` counts it. Written only by
+    `cleanup.deadman`.
+    """
+
+    module = models.CharField(max_length=100)
+    backend = models.CharField(max_length=100, blank=True, default="")
+    session = models.UUIDField(default=uuid.uuid4)
+    # The ttl the backend was last told, and when it last took a renewal (null: never).
+    ttl_s = models.PositiveIntegerField(default=0)
+    armed_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+    # Why the last renewal failed; empty once one succeeds.
+    last_error = models.TextField(blank=True, default="")
+    lapses = models.PositiveIntegerField(default=0)
+    last_lapse_at = models.DateTimeField(null=True, blank=True)
+    last_lapse_reason = models.TextField(blank=True, default="")
+    last_lapse_given_back = models.PositiveIntegerField(default=0)
+    last_lapse_kept = models.PositiveIntegerField(default=0)
+    # The renewal loop that keeps this session (`deadman.hold_loop`), and until when: a
+    # loop holds its sessions for its run and a renewal past it, so at most one loop runs
+    # and one that died is replaced once that passes.
+    loop_token = models.UUIDField(null=True, blank=True)
+    loop_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["module", "backend"]
+        constraints = [
+            models.UniqueConstraint(fields=["module", "backend"], name="deadmanswitch_module_backend_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{backend_name(self.module, self.backend)}: session {self.session}"
+
+    @property
+    def name(self) -> str:
+        return backend_name(self.module, self.backend)
+
+    @property
+    def armed(self) -> bool:
+        """Has the backend taken the current session (a renewal succeeded since it began)?"""
+        return self.armed_at is not None
 
 
 class ModuleEvent(models.Model):
@@ -557,19 +668,19 @@ class ModuleEvent(models.Model):
             models.Index(fields=["id"], name="module_event_unfed_idx", condition=Q(seq__isnull=True)),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.module} {self.kind}"
 
 
 class Wake(models.Model):
     """The engine's next wake-up (`cleanup.wakeup`): one row, whose ``at`` says which time a
-    queued wake task already sleeps towards, so that many runs waiting at once hold one
-    worker, not one each. Moved by conditional UPDATEs; ``at`` is cleared by the task that
+    queued wake task's timer already waits for, so that many runs waiting at once keep one
+    timer, not one each. Moved by conditional UPDATEs; ``at`` is cleared by the task that
     woke for it."""
 
     at = models.DateTimeField(null=True, blank=True)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"wake at {self.at}" if self.at else "no wake armed"
 
 
@@ -582,7 +693,7 @@ class FeedSequence(models.Model):
 
     last = models.BigIntegerField(default=0)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"feed at {self.last}"
 
 
@@ -621,7 +732,7 @@ class Alert(models.Model):
             models.Index(fields=["next_attempt_at"], name="alert_unsent_idx", condition=Q(sent_at__isnull=True)),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         about = f"run {self.run_id}" if self.run_id else f"module {self.module}"
         return f"{self.event} for {about} by {self.channel}"
 
@@ -642,7 +753,7 @@ class Counter(models.Model):
     class Meta:
         ordering = ["key"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.key} {self.value}"
 
 
@@ -663,12 +774,12 @@ class RunTally(models.Model):
     class Meta:
         ordering = ["id"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.status}/{self.cleanup_status} {self.delta:+d}"
 
 
-class IdempotencyKeyQuerySet(models.QuerySet):
-    def prune(self, now=None, limit=1000):
+class IdempotencyKeyQuerySet(models.QuerySet["IdempotencyKey"]):
+    def prune(self, now: dt.datetime | None = None, limit: int = 1000) -> int:
         """Delete at most ``limit`` keys past their expiry; answers how many went."""
         now = now or timezone.now()
         ids = list(self.filter(expires_at__lt=now).order_by("expires_at").values_list("id", flat=True)[:limit])
@@ -701,5 +812,5 @@ class IdempotencyKey(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key_uniq")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.user_id} {self.key}"

@@ -36,10 +36,13 @@ Imported by the runner and the pass.
 """
 
 import logging
-from datetime import timedelta
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery, Value
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
@@ -73,7 +76,7 @@ UNAVAILABLE = AttemptOutcome.UNAVAILABLE
 SPREAD_BUCKETS = 10
 
 
-def blame(answer):
+def blame(answer: calls.Answer) -> str | None:
     """Why ``answer`` (a `calls.Answer`) blames the module's backend, or None.
 
     None means the backend answered: a success, or a failure about the row itself.
@@ -89,11 +92,11 @@ def blame(answer):
     return None
 
 
-def _rows(module, backend=""):
+def _rows(module: str, backend: str = "") -> QuerySet[ModuleHealth]:
     return ModuleHealth.objects.filter(module=module, backend=backend)
 
 
-def _health(module, backend=""):
+def _health(module: str, backend: str = "") -> ModuleHealth:
     """The backend's row, made on first need (two workers racing make one)."""
     try:
         with transaction.atomic():
@@ -102,7 +105,15 @@ def _health(module, backend=""):
         return ModuleHealth.objects.get(module=module, backend=backend)
 
 
-def record(module, reason, *, backend="", key="", ambiguous=False, now=None):
+def record(
+    module: str,
+    reason: str | None,
+    *,
+    backend: str = "",
+    key: str = "",
+    ambiguous: bool = False,
+    now: datetime | None = None,
+) -> bool:
     """Count one answer from a module's backend; ``reason`` is what `blame` said of it.
 
     Answers True when this answer marked the backend down. An answer that does not blame
@@ -132,7 +143,7 @@ def record(module, reason, *, backend="", key="", ambiguous=False, now=None):
     return _mark_down_after_streak(module, backend, now)
 
 
-def _mark_down_after_streak(module, backend, now):
+def _mark_down_after_streak(module: str, backend: str, now: datetime) -> bool:
     with transaction.atomic():
         rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
         marked = (
@@ -173,7 +184,7 @@ def _mark_down_after_streak(module, backend, now):
     return True
 
 
-def lock_health(pairs):
+def lock_health(pairs: Iterable[tuple[str, str]]) -> list[ModuleHealth]:
     """Lock the health rows of ``(module, backend)`` pairs for the caller's transaction, in
     one order, so a verdict that reads whether a backend is down and a mark-down that
     forgives its rows never cross."""
@@ -184,7 +195,7 @@ def lock_health(pairs):
     return list(ModuleHealth.objects.select_for_update().filter(condition).order_by("module", "backend"))
 
 
-def forgive_streak(health):
+def forgive_streak(health: ModuleHealth) -> int:
     """Give back the attempts that the answers leading to an outage spent.
 
     Those answers blamed the backend: the rows were not at fault. Each row of that backend
@@ -210,7 +221,15 @@ def forgive_streak(health):
     return rows.forgive(Q(pk__in=ids), Subquery(spent))
 
 
-def mark_down(module, *, by, backend="", reason="", until=None, now=None):
+def mark_down(
+    module: str,
+    *,
+    by: str,
+    backend: str = "",
+    reason: str = "",
+    until: datetime | None = None,
+    now: datetime | None = None,
+) -> bool:
     """A person marks a module's backend down; answers whether it changed.
 
     It holds (a maintenance window): no probe, canary or answer marks the backend up, only a
@@ -251,7 +270,7 @@ def mark_down(module, *, by, backend="", reason="", until=None, now=None):
 ENGINE_ACTORS = ("engine", "probe")
 
 
-def mark_up(module, *, by, backend="", now=None):
+def mark_up(module: str, *, by: str, backend: str = "", now: datetime | None = None) -> bool:
     """Mark a module's backend up (a person, or an answer that proved it); answers whether it changed.
 
     A backend a person holds down (`mark_down`) is marked up only by a person, or by the
@@ -284,7 +303,7 @@ def mark_up(module, *, by, backend="", now=None):
     return True
 
 
-def resume_steps(module, now, backend=""):
+def resume_steps(module: str, now: datetime, backend: str = "") -> int:
     """The steps of running runs held by a backend that is up again are due now, and so
     are their runs. Answers how many steps resumed."""
     actions = [a.id for a in registry.actions().values() if a.module == module]
@@ -305,27 +324,29 @@ def resume_steps(module, now, backend=""):
     return resumed
 
 
-def step_module(step):
+def step_module(step: Step) -> str | None:
     """The module a step calls, or None (a built-in wait, an unregistered action)."""
+    entry: registry.Action | registry.Lease | None
     if step.action_id == "core.lease":
-        entry = registry.get_lease((step.params or {}).get("lease"))
+        lease = (step.params or {}).get("lease")
+        entry = registry.get_lease(lease) if isinstance(lease, str) else None
     else:
         entry = registry.get_action(step.action_id)
-    return getattr(entry, "module", None)
+    return entry.module if entry is not None else None
 
 
-def step_waits_on(step, now=None):
+def step_waits_on(step: Step, now: datetime | None = None) -> ModuleHealth | None:
     """The `ModuleHealth` of the backend a step of a running run waits for, or None."""
     if step.waiting_since is None or step.status != StepStatus.PENDING:
         return None
     return outage_of(step_module(step), now, backend=step.backend)
 
 
-def _waiting(module, backend):
+def _waiting(module: str, backend: str) -> QuerySet[Resource]:
     return Resource.objects.filter(rows.swept(), module=module, backend=backend)
 
 
-def spread_waiting(module, now, backend="", deferred_until=None):
+def spread_waiting(module: str, now: datetime, backend: str = "", deferred_until: datetime | None = None) -> int:
     """Let a backend's waiting rows be claimed from now on, a bucket at a time.
 
     Rows are bucketed by their group (a step's rows by the step), so one step's rows
@@ -350,17 +371,17 @@ def spread_waiting(module, now, backend="", deferred_until=None):
     return moved
 
 
-def down_backends():
+def down_backends() -> set[tuple[str, str]]:
     """The ``(module, backend)`` pairs that are down now: their work is not attempted."""
     return set(ModuleHealth.objects.down().values_list("module", "backend"))
 
 
-def down_modules():
+def down_modules() -> set[str]:
     """The names of the modules with a backend down now."""
     return {module for module, _backend in down_backends()}
 
 
-def waiting_reasons(keys):
+def waiting_reasons(keys: Iterable[Any]) -> dict[Any, str]:
     """``{key: "waiting: … is down since …"}`` for those of ``keys`` that are down.
 
     A key is a module's name (its only backend) or a ``(module, backend)`` pair; the
@@ -373,7 +394,7 @@ def waiting_reasons(keys):
     return {pairs[(h.module, h.backend)]: h.waiting_text() for h in down if (h.module, h.backend) in pairs}
 
 
-def waiting_on(keys):
+def waiting_on(keys: Iterable[Iterable[str]]) -> dict[tuple[str, str], ModuleHealth]:
     """``{key: ModuleHealth}`` for those of ``keys`` (``(module, backend)`` pairs) that are
     down now; one query, for a whole page of rows."""
     pairs = {tuple(k) for k in keys}
@@ -381,7 +402,7 @@ def waiting_on(keys):
     return {(h.module, h.backend): h for h in down if (h.module, h.backend) in pairs}
 
 
-def take_probe(module, now=None, backend=""):
+def take_probe(module: str, now: datetime | None = None, backend: str = "") -> bool:
     """Claim the next probe of a down backend; True for the one worker that may make it."""
     now = now or timezone.now()
     return bool(
@@ -391,26 +412,28 @@ def take_probe(module, now=None, backend=""):
     )
 
 
-def health_callable(module):
+def health_callable(module: str) -> tuple[Callable[..., Any], object] | tuple[None, None]:
     """The module's ``health()`` callable and its budget owner, or (None, None)."""
-    for entry in [*registry.actions().values(), *registry.leases().values()]:
-        if entry.module == module and callable(getattr(entry, "health", None)):
-            return entry.health, entry
+    entries: list[registry.Action | registry.Lease] = [*registry.actions().values(), *registry.leases().values()]
+    for entry in entries:
+        health = getattr(entry, "health", None)
+        if entry.module == module and callable(health):
+            return health, entry
     return None, None
 
 
-def ask_health(module, backend=""):
-    """Call the module's ``health()`` for one backend; answers ``(answer, reply)`` or
-    ``(None, None)`` when the module has no ``health()``."""
+def ask_health(module: str, backend: str = "") -> tuple[calls.Answer, calls.Reply] | None:
+    """Call the module's ``health()`` for one backend; answers ``(answer, reply)`` or None
+    when the module has no ``health()``."""
     fn, entry = health_callable(module)
     if fn is None:
-        return None, None
+        return None
     what = f"{backend_name(module, backend)}.health"
     answer = calls.call(fn, budget_ms=calls.budget_of(entry), what=what, backend=backend, verb="health", module=module)
     return answer, calls.classify_health(answer, what)
 
 
-def probe(module, now=None, backend=""):
+def probe(module: str, now: datetime | None = None, backend: str = "") -> str | None:
     """Probe a down backend whose probe is due, when this worker wins the claim.
 
     Answers "up" (it answered: marked up), "down" (still down), "canary" (no
@@ -421,11 +444,12 @@ def probe(module, now=None, backend=""):
     now = now or timezone.now()
     if not take_probe(module, now, backend=backend):
         return None
-    held = _rows(module, backend).filter(held=True).first()
-    held = held is not None and held.held_at(now)
-    answer, reply = ask_health(module, backend)
-    if answer is None:
+    holder = _rows(module, backend).filter(held=True).first()
+    held = holder is not None and bool(holder.held_at(now))
+    asked = ask_health(module, backend)
+    if asked is None:
         return "down" if held else "canary"  # no ordinary call into a person's maintenance
+    answer, reply = asked
     if held:
         # A person holds it down: say what the probe saw, and leave the backend down.
         seen = f"answers (boot id {reply.value})" if reply.ok and reply.value else "answers" if reply.ok else None
@@ -444,7 +468,7 @@ def probe(module, now=None, backend=""):
     return "down"
 
 
-def note_boot(module, backend, boot_id, now=None):
+def note_boot(module: str, backend: str, boot_id: object, now: datetime | None = None) -> bool:
     """Keep the boot id a backend's ``health()`` answered; a different one than last time
     is a restart nobody reported: the backend alone owes a reconcile with rule 14's look-back.
 
@@ -467,7 +491,7 @@ def note_boot(module, backend, boot_id, now=None):
     return True
 
 
-def owe_reconcile(module, backend="", now=None):
+def owe_reconcile(module: str, backend: str = "", now: datetime | None = None) -> None:
     """Record that a backend restarted: it owes a reconcile with rule 14's look-back.
 
     One UPDATE counts the restart (``restarts_seen``, which names the debt) and keeps the
@@ -486,24 +510,28 @@ def owe_reconcile(module, backend="", now=None):
     queue_owed_reconcile(module=module, backend=backend)
 
 
-def restart_reported(sender, *, module, backend="", **kwargs):
+def restart_reported(sender: object, *, module: str, backend: str = "", **kwargs: object) -> None:
     """`registry.backend_restarted`'s signal: a module says its backend restarted."""
     with transaction.atomic():
         owe_reconcile(module, backend)
 
 
-def owed(now=None):
-    """The backends that owe a reconcile and that no live claim holds, oldest debt first.
-    A backend that is down keeps its debt until it is up: its reconcile would have no answer."""
+def owed(
+    now: datetime | None = None, *, module: str | None = None, backend: str | None = None
+) -> QuerySet[ModuleHealth]:
+    """The backends that owe a reconcile and that no live claim holds, oldest debt first;
+    of one module, or one of its backends, when given. A backend that is down keeps its
+    debt until it is up: its reconcile would have no answer."""
     now = now or timezone.now()
+    mine = Q() if module is None else Q(module=module) if backend is None else Q(module=module, backend=backend)
     return (
-        ModuleHealth.objects.filter(reconcile_owed_since__isnull=False, state=ModuleState.UP)
+        ModuleHealth.objects.filter(mine, reconcile_owed_since__isnull=False, state=ModuleState.UP)
         .filter(Q(reconcile_claim_token__isnull=True) | Q(reconcile_claim_expires_at__lt=now))
         .order_by("reconcile_owed_since", "id")
     )
 
 
-def claim_owed(health, token, now=None):
+def claim_owed(health: ModuleHealth, token: uuid.UUID, now: datetime | None = None) -> ModuleHealth | None:
     """Take the claim on a backend's owed reconcile for ``token``, unless another holds it.
 
     Answers the `ModuleHealth` as claimed (its ``restarts_seen`` names the debt this claim
@@ -521,7 +549,7 @@ def claim_owed(health, token, now=None):
     return ModuleHealth.objects.filter(pk=health.pk, reconcile_claim_token=token).first()
 
 
-def clear_owed(claimed, token):
+def clear_owed(claimed: ModuleHealth, token: uuid.UUID) -> bool:
     """The reconcile paid for ``claimed`` (as `claim_owed` answered it) has finished: clear
     the debt it named. A restart noticed since then changed ``restarts_seen``: that debt
     stays, and only the claim is let go. Answers whether the debt was cleared."""
@@ -535,7 +563,7 @@ def clear_owed(claimed, token):
     return bool(cleared)
 
 
-def watched_backends(now, modules):
+def watched_backends(now: datetime, modules: Iterable[str]) -> set[tuple[str, str]]:
     """The backends of ``modules`` that hold live rows or rows given back within
     ``EVENT_RECONCILE_LOOKBACK_S`` (what a restart could bring back), as pairs."""
     since = now - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
@@ -545,7 +573,7 @@ def watched_backends(now, modules):
     return set(live) | set(recent.distinct())
 
 
-def watch(now=None):
+def watch(now: datetime | None = None) -> int:
     """Ask every up backend that holds something for its health, at least every
     ``EVENT_BACKEND_WATCH_S`` and at most every half of it, even when no run is active;
     answers how many were asked.
@@ -567,7 +595,10 @@ def watch(now=None):
         due = Q(watched_at__isnull=True) | Q(watched_at__lte=due_before)
         if not _rows(module, backend).filter(due, state=ModuleState.UP).update(watched_at=now):
             continue
-        answer, reply = ask_health(module, backend)
+        health = ask_health(module, backend)
+        if health is None:
+            continue
+        answer, reply = health
         asked += 1
         record(module, blame(answer), backend=backend, key="health", ambiguous=answer.timed_out)
         if reply.ok:
@@ -575,19 +606,19 @@ def watch(now=None):
     return asked
 
 
-def probe_due_backends(now=None):
+def probe_due_backends(now: datetime | None = None) -> set[tuple[str, str]]:
     """Probe every down backend whose probe is due; answers the backends whose canary may go."""
     now = now or timezone.now()
     due = ModuleHealth.objects.down().filter(next_probe_at__lte=now).values_list("module", "backend")
     return {(module, backend) for module, backend in due if probe(module, now, backend=backend) == "canary"}
 
 
-def probe_due_modules(now=None):
+def probe_due_modules(now: datetime | None = None) -> set[str]:
     """`probe_due_backends`, by module name."""
     return {module for module, _backend in probe_due_backends(now)}
 
 
-def outages_past_give_up(now=None):
+def outages_past_give_up(now: datetime | None = None) -> list[ModuleHealth]:
     """Backends down longer than ``EVENT_OUTAGE_GIVE_UP_S`` whose work is not yet given up.
 
     Each is answered once per outage (a conditional UPDATE), with its `ModuleHealth`,
@@ -606,13 +637,13 @@ def outages_past_give_up(now=None):
                     backend=health.backend,
                     by="engine",
                     error=health.last_error,
-                    down_since=health.down_since.isoformat(),
+                    down_since=health.down_since.isoformat() if health.down_since else None,
                 )
                 given_up.append(health)
     return given_up
 
 
-def give_up_text(health):
+def give_up_text(health: ModuleHealth) -> str:
     minutes = round(setting("EVENT_OUTAGE_GIVE_UP_S") / 60)
     return (
         f"{health.name} was down for more than {minutes} min, so this was not given back"
@@ -620,31 +651,31 @@ def give_up_text(health):
     )
 
 
-def _log(module, kind, now, backend="", **detail):
+def _log(module: str, kind: str, now: datetime, backend: str = "", **detail: Any) -> None:
     ModuleEvent.objects.create(module=module, backend=backend, kind=kind, at=now, detail=detail)
 
 
-def given_up(health, now):
+def given_up(health: ModuleHealth, now: datetime) -> bool:
     """Has this outage lasted past ``EVENT_OUTAGE_GIVE_UP_S``? Then work stops waiting on it."""
     return health.down_since is not None and health.down_since < now - timedelta(
         seconds=setting("EVENT_OUTAGE_GIVE_UP_S")
     )
 
 
-def outage_of(module, now=None, backend=""):
+def outage_of(module: str | None, now: datetime | None = None, backend: str = "") -> ModuleHealth | None:
     """The `ModuleHealth` of a module's backend while its work waits on it, else None.
 
     None when the backend is up, unknown, or down for longer than the give-up bound.
     """
     if not module:
         return None
-    health = ModuleHealth.objects.down().filter(module=module, backend=backend).first()
+    health: ModuleHealth | None = ModuleHealth.objects.down().filter(module=module, backend=backend).first()
     if health is None or given_up(health, now or timezone.now()):
         return None
     return health
 
 
-def hold(module, now=None, backend=""):
+def hold(module: str | None, now: datetime | None = None, backend: str = "") -> datetime | None:
     """None when a call to a module's backend may be made now; else when to look again.
 
     A down backend is probed here when its probe is due: a probe that finds it up, or a
@@ -652,7 +683,7 @@ def hold(module, now=None, backend=""):
     """
     now = now or timezone.now()
     health = outage_of(module, now, backend=backend)
-    if health is None:
+    if health is None or not module:
         return None
     if probe(module, now, backend=backend) in ("up", "canary"):
         return None
@@ -660,19 +691,21 @@ def hold(module, now=None, backend=""):
     return next_probe or now + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
 
 
-def call(entry, fn, *, budget_ms, what, backend="", **kwargs):
+def call(
+    entry: Any, fn: Callable[..., Any], *, budget_ms: int, what: str, backend: str = "", **kwargs: Any
+) -> calls.Answer:
     """`calls.call`, with the answer counted towards the health of ``entry``'s module's backend."""
     answer = calls.call(fn, budget_ms=budget_ms, what=what, backend=backend, module=entry.module, **kwargs)
     record(entry.module, blame(answer), backend=backend, key=what, ambiguous=answer.timed_out)
     return answer
 
 
-def known_modules():
+def known_modules() -> list[str]:
     """Every registered module and every module with a health row, by name: what people see."""
     return sorted(set(registry.modules()) | set(ModuleHealth.objects.values_list("module", flat=True)))
 
 
-def module_known(module):
+def module_known(module: str) -> bool:
     """A module a person may mark up or down: registered, with a health row, or owning ledger rows."""
     if "\x00" in module:
         return False
@@ -683,17 +716,17 @@ def module_known(module):
     )
 
 
-def health_rows(modules):
+def health_rows(modules: Iterable[str]) -> dict[str, ModuleHealth]:
     """``{module: ModuleHealth}`` of each of ``modules``' only backend (``""``), unsaved
     rows (up) for those never seen."""
     found = {h.module: h for h in ModuleHealth.objects.filter(module__in=set(modules), backend="")}
     return {m: found.get(m) or ModuleHealth(module=m) for m in modules}
 
 
-def backends_of(modules):
+def backends_of(modules: Iterable[str]) -> dict[str, list[ModuleHealth]]:
     """``{module: [ModuleHealth, ...]}``: each backend of each module that has a health row
-    or unresolved ledger rows, its only backend ``""`` first (an unsaved row, up, when never
-    seen). The ledger is read through its unresolved rows only, never its whole history: the
+    or unresolved ledger rows; a module of which none is known has its only backend ``""``
+    (an unsaved row, up). The ledger is read through its unresolved rows only, never its whole history: the
     pages that list backends promise as much."""
     modules = set(modules)
     found = {(h.module, h.backend): h for h in ModuleHealth.objects.filter(module__in=modules)}
@@ -703,14 +736,17 @@ def backends_of(modules):
         .values_list("module", "backend")
         .distinct()
     )
-    keys = set(found) | set(ledgered) | {(m, "") for m in modules}
-    answer = {m: [] for m in modules}
+    keys = set(found) | set(ledgered)
+    # A module's only backend ``""`` is listed (up, never seen) when nothing else is known of
+    # it; a fleet module that never named ``""`` gets no row for it.
+    keys |= {(m, "") for m in modules if not any(key[0] == m for key in keys)}
+    answer: dict[str, list[ModuleHealth]] = {m: [] for m in modules}
     for module, backend in sorted(keys):
         answer[module].append(found.get((module, backend)) or ModuleHealth(module=module, backend=backend))
     return answer
 
 
-def defer_waiting(module, until, run_ids=None, backend=""):
+def defer_waiting(module: str, until: datetime | None, run_ids: Iterable[int] | None = None, backend: str = "") -> int:
     """Keep a backend's claimable rows out of the sweep until ``until`` (its next probe).
 
     That is how its work waits: the finder and the claim pass over rows whose next
@@ -723,7 +759,7 @@ def defer_waiting(module, until, run_ids=None, backend=""):
     return rows.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=until)).update(next_attempt_at=until)
 
 
-def waiting_until(module, now=None, backend=""):
+def waiting_until(module: str | None, now: datetime | None = None, backend: str = "") -> datetime | None:
     """When a backend's waiting work is looked at again, if its work waits on it; else None."""
     health = outage_of(module, now, backend=backend)
     if health is None:
@@ -731,7 +767,7 @@ def waiting_until(module, now=None, backend=""):
     return health.next_probe_at or (now or timezone.now()) + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
 
 
-def give_up_waiting(health, now=None):
+def give_up_waiting(health: ModuleHealth, now: datetime | None = None) -> list[int]:
     """An outage past its bound: the backend's waiting rows fail for good, with the reason.
 
     Answers the ids of the runs concerned, whose statuses the caller refreshes.
@@ -749,6 +785,11 @@ def give_up_waiting(health, now=None):
     return run_ids
 
 
+def troubled() -> Q:
+    """A backend's health row that a pass must know: down, or answers blaming it not yet ended."""
+    return Q(state=ModuleState.DOWN) | Q(failures_in_row__gt=0)
+
+
 class Snapshot:
     """What one pass knows of its modules' backends' health, read once, so a pass whose
     backends are all well spends one query on it, whatever its number of calls.
@@ -756,13 +797,17 @@ class Snapshot:
     Keyed by ``(module, backend)``.
     """
 
-    def __init__(self):
-        rows = ModuleHealth.objects.filter(Q(state=ModuleState.DOWN) | Q(failures_in_row__gt=0))
+    def __init__(self, rows: Iterable[ModuleHealth] | None = None) -> None:
+        """Read now, or from ``rows`` (the health rows `troubled` selects, read by the caller:
+        none at all when the caller's own read found that no backend is troubled)."""
+        rows = ModuleHealth.objects.filter(troubled()) if rows is None else rows
         self.rows = {(h.module, h.backend): h for h in rows}
         self.troubled = set(self.rows)  # down, or answers blaming the backend not yet ended
         self.down = {key for key, h in self.rows.items() if h.state == ModuleState.DOWN}
 
-    def record(self, module, reason, *, backend="", key="", ambiguous=False):
+    def record(
+        self, module: str, reason: str | None, *, backend: str = "", key: str = "", ambiguous: bool = False
+    ) -> bool:
         """`record`, skipped for a well backend's success: there is nothing to end."""
         pair = (module, backend)
         if reason is None and pair not in self.troubled:
@@ -774,7 +819,7 @@ class Snapshot:
             self.troubled.add(pair)
         return record(module, reason, backend=backend, key=key, ambiguous=ambiguous)
 
-    def before_pass(self, now):
+    def before_pass(self, now: datetime) -> tuple[set[tuple[str, str]], list[ModuleHealth]]:
         """Probe the down backends whose probe is due and end the outages past their bound.
 
         Answers ``(canaries, given_up)``: the ``(module, backend)`` pairs that may have one

@@ -17,17 +17,24 @@ May import: the models, conf, `calls`, `registry`, `cleanup.rows`, `outages` (wh
 Reads only.
 """
 
+from __future__ import annotations
+
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any, NotRequired, TypedDict
 
 from django.db.models import Q
 from django.utils import timezone
 
 from . import calls, outages, registry
 from . import rows as ledger_rows
+from .calls import Answer
 from .conf import max_revert_attempts, setting
-from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState
+from .models import LEASE_KIND, UNRESOLVED, Resource, ResourceState, Run
+from .registry import Lease
 
 # What the next pass does with a group.
 RESTORE = "restore"
@@ -49,26 +56,75 @@ NEXT_CODES = {
 }
 
 
-def cleanup_plan(run, *, live=False, max_rows=None):
+class LiveValue(TypedDict, total=False):
+    """A leased target's value as read now: exactly one of its keys."""
+
+    value: Any  # the module's value, whatever it is (a lease's values are the module's)
+    error: str
+    unread: str
+
+
+class HandDown(TypedDict):
+    """The newer lease a lease's baseline would be handed down to (rule 13)."""
+
+    resource: int
+    run: int
+
+
+class PlanLease(TypedDict):
+    baseline: Any  # the module's values, as the lease row's payload keeps them
+    applied: Any
+    hand_down_to: HandDown | None
+    live: NotRequired[LiveValue]
+
+
+class PlanRow(TypedDict):
+    id: int
+    kind: str
+    ref: str
+    state: str
+    attempts: int
+    attempts_left: int
+    last_error: str
+    lease: NotRequired[PlanLease]
+
+
+class PlanGroup(TypedDict):
+    """One group of the plan: the call the next pass makes (or the problem why none), what it
+    does with the group (one of the words above), and the group's rows."""
+
+    verb: str | None
+    problem: str | None
+    next: str
+    rows: list[PlanRow]
+
+
+# A group's key in the plan's order: ``(rank, id)`` (see `group_keys`).
+GroupKey = tuple[int, int]
+
+
+def cleanup_plan(run: Run, *, live: bool = False, max_rows: int | None = None) -> list[PlanGroup]:
     """What a pass would do for a run now, group by group (rule 12). Reads only.
 
     ``max_rows`` caps how many unresolved rows are read (the oldest first), so a run with
     a great many rows is planned in bounded time; ``live`` also reads each lease's target.
     """
     max_attempts = max_revert_attempts()
-    rows = Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("step").order_by("id")
+    found = Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("step").order_by("id")
     if max_rows is not None:
-        rows = rows[:max_rows]
-    rows = list(rows)
+        found = found[:max_rows]
+    rows = list(found)
     return _planned(run, rows, _groups(rows), max_attempts, live)
 
 
-def _planned(run, rows, groups, max_attempts, live):
+def _planned(
+    run: Run, rows: Sequence[Resource], groups: Iterable[list[Resource]], max_attempts: int, live: bool
+) -> list[PlanGroup]:
     """Each group's entry of the plan, in the order given; with ``live``, the leases' values
     read now, bounded for the request (`read_live_many`)."""
     newer = _newer_leases(run, [r for r in rows if r.kind == LEASE_KIND])
-    down = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
-    plan = []
+    down: dict[Any, str] = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+    plan: list[PlanGroup] = []
     for group in groups:
         verb, problem = _verb(group[0])
         entries = [_row(r, max_attempts, newer) for r in group]
@@ -78,32 +134,35 @@ def _planned(run, rows, groups, max_attempts, live):
         )
     if live:
         values = read_live_many([(r.pk, r.ref, r.backend) for r in rows if r.kind == LEASE_KIND])
-        for group in plan:
-            for entry in group["rows"]:
-                if entry["id"] in values:
+        for planned in plan:
+            for entry in planned["rows"]:
+                if entry["id"] in values and "lease" in entry:
                     entry["lease"]["live"] = values[entry["id"]]
     return plan
 
 
-def unread_ids(plan):
+def unread_ids(plan: Iterable[PlanGroup]) -> list[int]:
     """The ids of the plan's lease rows whose live value was asked for and not read."""
-    return [
-        entry["id"] for group in plan for entry in group["rows"] if "unread" in entry.get("lease", {}).get("live", {})
-    ]
+    return [entry["id"] for group in plan for entry in group["rows"] if "unread" in _live_of(entry)]
+
+
+def _live_of(entry: PlanRow) -> LiveValue:
+    lease = entry.get("lease")
+    return lease.get("live", {}) if lease is not None else {}
 
 
 # A group's key in the plan's order: leases first, then a step's rows, then loose rows.
 LEASE_GROUP, STEP_GROUP, LOOSE_GROUP = 0, 1, 2
 
 
-def group_keys(run):
+def group_keys(run: Run) -> list[GroupKey]:
     """Every group of the run's unresolved rows, as ``(rank, id)`` in the plan's order.
 
     A lease is its row's id; a step's rows, the step's id; a loose row, its own id. Reads
     ids only, so a console can page through a plan of any size (`plan_of_groups`).
     """
     rows = Resource.objects.filter(run=run, state__in=UNRESOLVED).values_list("id", "kind", "step_id")
-    keys = set()
+    keys: set[GroupKey] = set()
     for pk, kind, step_id in rows:
         if kind == LEASE_KIND:
             keys.add((LEASE_GROUP, pk))
@@ -114,7 +173,7 @@ def group_keys(run):
     return sorted(keys)
 
 
-def plan_of_groups(run, keys, *, live=False):
+def plan_of_groups(run: Run, keys: Sequence[Sequence[int]], *, live: bool = False) -> list[PlanGroup]:
     """The plan of the groups ``keys`` (from `group_keys`) alone, in their order. Reads only."""
     max_attempts = max_revert_attempts()
     single = [pk for rank, pk in keys if rank != STEP_GROUP]
@@ -125,8 +184,9 @@ def plan_of_groups(run, keys, *, live=False):
         .select_related("step")
         .order_by("id")
     )
-    by_key = {}
+    by_key: dict[tuple[int, ...], list[Resource]] = {}
     for row in rows:
+        key: tuple[int, ...]
         if row.kind == LEASE_KIND or row.step_id is None:
             key = (LEASE_GROUP if row.kind == LEASE_KIND else LOOSE_GROUP, row.pk)
         else:
@@ -137,9 +197,11 @@ def plan_of_groups(run, keys, *, live=False):
     return _planned(run, rows, groups, max_attempts, live)
 
 
-def _groups(rows):
+def _groups(rows: Iterable[Resource]) -> list[list[Resource]]:
     """Leases first, one group each; then a step's rows together; then loose rows."""
-    leases, by_step, loose = [], {}, []
+    leases: list[list[Resource]] = []
+    by_step: dict[int, list[Resource]] = {}
+    loose: list[list[Resource]] = []
     for row in rows:
         if row.kind == LEASE_KIND:
             leases.append([row])
@@ -150,7 +212,7 @@ def _groups(rows):
     return leases + list(by_step.values()) + loose
 
 
-def _verb(first):
+def _verb(first: Resource) -> tuple[str, None] | tuple[None, str]:
     if first.kind == LEASE_KIND:
         lease, _ = registry.lease_for_ref(first.ref)
         if lease is None:
@@ -162,7 +224,13 @@ def _verb(first):
     return None, f'no module can give back what "{first.action_id}" made'
 
 
-def _next(first, entries, verb, newer, backend_down=False):
+def _next(
+    first: Resource,
+    entries: Sequence[PlanRow],
+    verb: str | None,
+    newer: dict[int, HandDown],
+    backend_down: bool = False,
+) -> str:
     """What the next pass does with this group; a group with no attempt left waits for a person,
     one whose backend is down waits for it (the sweep does not try it, and spends no attempt)."""
     if first.state == ResourceState.DRIFTED:
@@ -180,12 +248,12 @@ def _next(first, entries, verb, newer, backend_down=False):
     return REVERT
 
 
-def _newer_leases(run, lease_rows):
+def _newer_leases(run: Run, lease_rows: Sequence[Resource]) -> dict[int, HandDown]:
     """For each lease row, the lease it would hand down to (rule 13): `rows.heir`, as the
     pass chooses it, among the unresolved leases on its target (on its backend)."""
     if not lease_rows:
         return {}
-    by_target = {}
+    by_target: dict[tuple[str, str], list[Resource]] = {}
     stacked = (
         Resource.objects.filter(kind=LEASE_KIND, ref__in={r.ref for r in lease_rows}, state__in=UNRESOLVED)
         .order_by("id")
@@ -193,7 +261,7 @@ def _newer_leases(run, lease_rows):
     )
     for other in stacked:  # in id order: each target's list is sorted
         by_target.setdefault((other.ref, other.backend), []).append(other)
-    heirs = {}
+    heirs: dict[int, HandDown] = {}
     for row in lease_rows:
         heir = ledger_rows.heir(row, by_target.get((row.ref, row.backend), ()))
         if heir is not None:
@@ -201,8 +269,8 @@ def _newer_leases(run, lease_rows):
     return heirs
 
 
-def _row(r, max_attempts, newer):
-    entry = {
+def _row(r: Resource, max_attempts: int, newer: dict[int, HandDown]) -> PlanRow:
+    entry: PlanRow = {
         "id": r.pk,
         "kind": r.kind,
         "ref": r.ref,
@@ -221,7 +289,7 @@ def _row(r, max_attempts, newer):
     return entry
 
 
-def read_live(ref, backend=""):
+def read_live(ref: str, backend: str = "") -> LiveValue:
     """The value in force on a lease's target now, read through the lease under its budget.
 
     Answers ``{"value": v}``, ``{"error": text}`` or ``{"unread": why}``; an answer that
@@ -230,7 +298,9 @@ def read_live(ref, backend=""):
     return read_live_many([(None, ref, backend)])[None]
 
 
-def read_live_many(targets, *, cap=None, budget_s=None):
+def read_live_many(
+    targets: Iterable[tuple[Any, str, str]], *, cap: int | None = None, budget_s: float | None = None
+) -> dict[Any, LiveValue]:
     """Read the live values of leased targets concurrently, bounded for one request.
 
     ``targets`` are ``(key, ref, backend)``; answers ``{key: {"value"} | {"error"} |
@@ -243,7 +313,8 @@ def read_live_many(targets, *, cap=None, budget_s=None):
     cap = setting("EVENT_LIVE_READS_PER_REQUEST") if cap is None else cap
     budget_s = setting("EVENT_LIVE_READ_BUDGET_S") if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
-    answers, pending = {}, []
+    answers: dict[Any, LiveValue] = {}
+    pending: list[_Read] = []
     for key, ref, backend in targets:
         lease, target = registry.lease_for_ref(ref)
         if lease is None:
@@ -259,7 +330,8 @@ def read_live_many(targets, *, cap=None, budget_s=None):
 
 
 class _Read:
-    def __init__(self, key, lease, target, backend):
+    # ``key`` is the caller's name for the target (a row id, or None for one read alone).
+    def __init__(self, key: Any, lease: Lease, target: str, backend: str) -> None:
         self.key, self.lease, self.target, self.backend = key, lease, target, backend
         self.what = f"{lease.id}.read"
         self.slot = (lease.module, backend)
@@ -271,13 +343,14 @@ class _Read:
 class _LiveReads:
     """One request's reads in flight: started as the limits allow, landed as they answer."""
 
-    def __init__(self, pending, deadline, budget_s):
+    def __init__(self, pending: Iterable[_Read], deadline: float, budget_s: float) -> None:
         self.pending, self.deadline, self.budget_s = list(pending), deadline, budget_s
-        self.flying = {}  # _Read -> (future, when its budget ends, cut by the request's deadline)
-        self.per_slot = Counter()
+        # Each read's future, when its budget ends, and whether the request's deadline cut it.
+        self.flying: dict[_Read, tuple[Future[Answer], float, bool]] = {}
+        self.per_slot: Counter[tuple[str | None, str]] = Counter()
         self.woken = threading.Event()
 
-    def run(self, answers):
+    def run(self, answers: dict[Any, LiveValue]) -> None:
         while self.pending or self.flying:
             self.woken.clear()
             self.start()
@@ -290,7 +363,7 @@ class _LiveReads:
                 soonest = min(expires for _f, expires, _cut in self.flying.values())
                 self.woken.wait(max(0.0, soonest - time.monotonic()))
 
-    def start(self):
+    def start(self) -> None:
         for read in list(self.pending):
             left_ms = int((self.deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
@@ -305,7 +378,7 @@ class _LiveReads:
             future.add_done_callback(lambda _f: self.woken.set())
             self.flying[read] = (future, time.monotonic() + budget_ms / 1000, budget_ms < own_ms)
 
-    def land(self, answers):
+    def land(self, answers: dict[Any, LiveValue]) -> None:
         for read, (future, expires, cut) in list(self.flying.items()):
             if future.done():
                 answers[read.key] = _value_of(read, future.result())
@@ -319,11 +392,11 @@ class _LiveReads:
             del self.flying[read]
             self.per_slot[read.slot] -= 1
 
-    def _ran_out(self):
+    def _ran_out(self) -> str:
         return f"not read: the request's {self.budget_s} s for live values ran out first (EVENT_LIVE_READ_BUDGET_S)"
 
 
-def _value_of(read, answer):
+def _value_of(read: _Read, answer: Answer) -> LiveValue:
     raw = answer.raw
     if answer.exception:
         return {"error": answer.exception}

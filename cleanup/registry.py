@@ -33,16 +33,22 @@ The shapes of these envelopes are spelled as types in `cleanup.envelopes` (``Per
 type checker only: the engine still trusts no answer at run time, and every answer is
 classified in `cleanup.calls` whatever its type says.
 
-Two helpers keep a module's callables to the contract: `never_raises` turns an exception
-into a failure envelope to try again, and `terminal` spells the failure only a person can
-help with (a bad parameter, a target the backend does not have).
+Helpers keep a module's callables to the contract: `never_raises` turns an exception into
+a failure envelope to try again, `terminal` spells the failure only a person can help with
+(a bad parameter, a target the backend does not have) and `retry` the one worth trying
+again; `refs_of` reads the refs a ``revert`` or a ``reconcile`` is handed, `chunks` splits
+them into requests, and `lapsed` spells a ``keepalive``'s answer when the session lapsed.
 May import: `enqueue` and `envelopes` only, so that a module importing it brings nothing of
 the engine with it.
 """
 
+import base64
 import functools
+import hashlib
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from django.dispatch import Signal
@@ -52,6 +58,7 @@ from .envelopes import (
     ApplyAnswer,
     Failure,
     HealthAnswer,
+    KeepaliveOk,
     PerformAnswer,
     ReadAnswer,
     ReconcileAnswer,
@@ -150,6 +157,8 @@ class Action:
     module: str | None = None
     budget_ms: int | None = None
     max_concurrency: int | None = None
+    max_rate: float | None = None
+    max_burst: int | None = None
     revert: Revert | None = None
     reconcile: Reconcile | None = None
     validate: Callable[[dict[str, Any]], object] | None = None
@@ -192,6 +201,9 @@ class Lease:
     module: str | None = None
     budget_ms: int | None = None
     max_concurrency: int | None = None
+    max_rate: float | None = None
+    max_burst: int | None = None
+    value_type: Callable[[Any], Any] | None = None
     validate: Callable[[Any], object] | None = None
     health: Health | None = None
 
@@ -257,6 +269,67 @@ def terminal(error: str) -> Failure:
     return {"ok": False, "error": error, "retry": False}
 
 
+def retry(error: str, *, unavailable: bool = False) -> Failure:
+    """A failure to try again after a backoff: ``{"ok": False, "error": error, "retry": True}``.
+
+    Answer it when the same request may succeed later (the backend answered something it
+    should not, or not yet what it should); with ``unavailable=True`` (``"unavailable":
+    True``) when the backend itself is out, so that the answer counts towards its outage.
+    """
+    failure: Failure = {"ok": False, "error": error, "retry": True}
+    if unavailable:
+        failure["unavailable"] = True
+    return failure
+
+
+def refs_of(resources: object) -> list[str]:
+    """The refs of the resources a ``revert`` or a ``reconcile`` is handed, each once, in order.
+
+    Raises ``ValueError`` naming what is wrong when ``resources`` is not a list of entries
+    that each carry a non-empty string ``ref``: answer it `terminal`, as asking again with
+    the same list cannot help.
+    """
+    if not isinstance(resources, list | tuple):
+        raise ValueError(f"resources must be a list, not {type(resources).__name__}")
+    refs = []
+    for item in resources:
+        ref = item.get("ref") if isinstance(item, dict) else None
+        if not isinstance(ref, str) or not ref.strip():
+            raise ValueError(f"a resource without a ref: {item!r}")
+        refs.append(ref)
+    return list(dict.fromkeys(refs))
+
+
+_Item = TypeVar("_Item")
+
+
+def chunks(items: Sequence[_Item], size: int) -> list[list[_Item]]:
+    """``items`` in lists of at most ``size``, in order: one request each, for a backend that
+    takes only so many refs at a time (no list for no items)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive whole number, not {size!r}")
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def lapsed(*, given_back: list[str], kept: dict[str, str], at: object = None, silent_s: object = None) -> KeepaliveOk:
+    """A ``keepalive``'s answer when the session had lapsed: the backend's switch gave back
+    ``given_back`` and kept ``kept`` (``{ref: why}``), both ledger refs.
+
+    ``at`` is when the switch went off, in seconds since the epoch as a backend keeps time
+    (answered in ISO 8601), and ``silent_s`` how long it had heard nothing; ``None`` for
+    either when the backend cannot tell (a value that is no number reads as ``None`` too).
+    """
+    return {
+        "ok": True,
+        "lapsed": {
+            "at": datetime.fromtimestamp(at, UTC).isoformat() if isinstance(at, int | float) else None,
+            "silent_s": float(silent_s) if isinstance(silent_s, int | float) else None,
+            "given_back": list(given_back),
+            "kept": dict(kept),
+        },
+    }
+
+
 ActionT = TypeVar("ActionT", bound=Action)
 LeaseT = TypeVar("LeaseT", bound=Lease)
 
@@ -275,6 +348,19 @@ def _check_entry(entry: Any, kind: str, required: tuple[str, ...]) -> None:
         value = getattr(entry, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise RegistryError(f"{kind} {entry.id!r}: {name} must be a positive whole number")
+    rate = getattr(entry, "max_rate", None)
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0
+    ):
+        raise RegistryError(f"{kind} {entry.id!r}: max_rate must be a positive number of calls a second")
+    burst = getattr(entry, "max_burst", None)
+    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int) or burst < 1):
+        raise RegistryError(f"{kind} {entry.id!r}: max_burst must be a positive whole number")
+    if burst is not None and rate is None:
+        raise RegistryError(f"{kind} {entry.id!r}: max_burst needs a max_rate")
+    value_type = getattr(entry, "value_type", None)
+    if value_type is not None and not callable(value_type):
+        raise RegistryError(f"{kind} {entry.id!r}: value_type must be int, float, str or a callable")
     for name in required:
         if not callable(getattr(entry, name, None)):
             raise RegistryError(f"{kind} {entry.id!r} has no callable `{name}`")
@@ -352,9 +438,52 @@ def backend_restarted(name: str, backend: str = "") -> None:
     (a queued task hurries it), so the restart is not forgotten if that task is lost.
     ``backend`` is ``""`` for a module with one.
     """
-    logger.info("module %s reports that its backend %r restarted", name, backend)
+    if backend:
+        logger.info("module %s reports that its backend %s restarted", name, backend)
+    else:
+        logger.info("module %s reports that its backend restarted", name)
     if not restart_reported.has_listeners():
         # Only when the app is not loaded: the reconcile is queued, with no debt behind it.
         queue_reconcile(module=name, restarted=True, backend=backend)
         return
     restart_reported.send(sender=name, module=name, backend=backend)
+
+
+# The alphabet of `short_key`: lower-case letters and the digits 2 to 7 (RFC 4648 base32).
+SHORT_KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+def short_key(idempotency_key: str, length: int = 12) -> str:
+    """A short, stable form of an idempotency key, for an engine that can carry only a few
+    characters (a bot's name, a tag): ``length`` characters (4 to 52) of `SHORT_KEY_ALPHABET`.
+
+    The same key always gives the same form, in every process and release; two keys give the
+    same form of 12 characters (60 bits) about once in a billion billion pairs, of 8 (40 bits)
+    once in a million million. An idempotency key itself is 32 characters of ``0-9a-f`` (a
+    random UUID in hex) and never longer than 64 characters of ASCII letters, digits and
+    ``-``: use it whole wherever the backend can store it.
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or not 4 <= length <= 52:
+        raise ValueError(f"length must be a whole number from 4 to 52, not {length!r}")
+    digest = hashlib.sha256(str(idempotency_key).encode("utf-8", "surrogatepass")).digest()
+    return base64.b32encode(digest).decode("ascii").lower()[:length]
+
+
+def parse_value(lease: object, value: Any) -> Any:
+    """``value`` as the lease's ``value_type`` reads it (unchanged without one, or when it
+    cannot be read that way): how the engine compares a value read back with one applied."""
+    value_type = getattr(lease, "value_type", None)
+    if value_type is None or value is None:
+        return value
+    try:
+        return value_type(value)
+    except Exception:  # a module's parser is untrusted too: unparsed, the value is compared as it is
+        return value
+
+
+def same_value(lease: object, first: Any, second: Any) -> bool:
+    """Whether two values of a lease are the same once read by its ``value_type``."""
+    try:
+        return bool(parse_value(lease, first) == parse_value(lease, second))
+    except Exception:
+        return False

@@ -12,21 +12,26 @@ deleted with everything they own, table by table, in a fixed number of statement
 
 The modules' log and the sent alerts outside the window are deleted the same way; the
 tasks' results are bounded by django-q2 itself (``save_limit`` in the site's settings).
-May import: conf and the models.
+May import: conf, the models and `rows` (a row's history).
 """
 
+import datetime as dt
 import gzip
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
+from . import rows
 from .conf import setting
 from .models import (
     TERMINAL,
@@ -35,12 +40,17 @@ from .models import (
     AlertedStatus,
     Attempt,
     CleanupStatus,
+    LogKind,
     ModuleEvent,
     Resource,
     Run,
     RunLog,
     Step,
 )
+
+M = TypeVar("M", bound=Model)
+# What a run owns and its archive line holds.
+OfRun = Step | Resource | Attempt | RunLog | Alert
 
 # Cleanup states a run may be pruned in: nothing left to give back.
 SETTLED = (CleanupStatus.COMPLETE, CleanupStatus.NOT_REQUIRED)
@@ -59,9 +69,9 @@ class PruneResult:
     module_events: int = 0
     batches: int = 0
     dry_run: bool = False
-    run_ids: list = field(default_factory=list)
+    run_ids: list[int] = field(default_factory=list)
 
-    def line(self):
+    def line(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         return (
             f"{verb} {self.runs} run(s) with {self.steps} step(s), {self.resources} ledger row(s), "
@@ -70,14 +80,14 @@ class PruneResult:
         )
 
 
-def cutoff_for(days, now=None):
+def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime | None:
     """The moment before which a run's end is old enough, or None when ``days`` keeps everything."""
     if not days:
         return None
     return (now or timezone.now()) - timedelta(days=days)
 
 
-def prunable_runs(cutoff):
+def prunable_runs(cutoff: dt.datetime) -> QuerySet[Run]:
     """The runs that may be deleted now: ended before ``cutoff``, settled, and told."""
     owing = Resource.objects.filter(run=OuterRef("pk"), state__in=UNRESOLVED)
     unsent = Alert.objects.filter(run=OuterRef("pk"), sent_at__isnull=True)
@@ -89,7 +99,14 @@ def prunable_runs(cutoff):
     )
 
 
-def prune(days=None, batch=None, dry_run=False, archive=None, now=None, max_batches=None):
+def prune(
+    days: int | None = None,
+    batch: int | None = None,
+    dry_run: bool = False,
+    archive: "Archive | None" = None,
+    now: dt.datetime | None = None,
+    max_batches: int | None = None,
+) -> PruneResult:
     """Delete what is past the retention window; answer what was (or would be) deleted.
 
     ``days`` defaults to ``EVENT_RETENTION_DAYS`` (0 keeps everything); ``archive`` is an
@@ -128,23 +145,25 @@ def prune(days=None, batch=None, dry_run=False, archive=None, now=None, max_batc
     return result
 
 
-def _old_module_events(cutoff):
+def _old_module_events(cutoff: dt.datetime) -> QuerySet[ModuleEvent]:
     # A change staff were never told of stays until it is told (cleanup.alerts).
     return ModuleEvent.objects.filter(at__lt=cutoff, alerted_at__isnull=False)
 
 
-def _delete_in_batches(queryset, batch):
+def _delete_in_batches(queryset: QuerySet[M], batch: int) -> int:
     total = 0
     while True:
         with transaction.atomic():
             ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch])
             if not ids:
                 return total
-            count, _ = queryset.model.objects.filter(pk__in=ids).delete()
+            count, _ = queryset.model._default_manager.filter(pk__in=ids).delete()
         total += count
 
 
-def _prune_batch(cutoff, batch, after, archive, result):
+def _prune_batch(
+    cutoff: dt.datetime, batch: int, after: int, archive: "Archive | None", result: PruneResult
+) -> int | None:
     """One transaction: lock up to ``batch`` prunable runs past ``after``, archive, delete.
 
     Answers the highest run id looked at, or None when there was nothing left.
@@ -172,14 +191,14 @@ def _prune_batch(cutoff, batch, after, archive, result):
             result.alerts += _delete_of_runs(Alert, ids)
             result.runs += _delete_of_runs(Run, ids, column="id")
         except BaseException:
-            if archive is not None:
+            if archive is not None and mark is not None:
                 archive.cut(mark)
             raise
         result.run_ids.extend(ids)
         return ids[-1]
 
 
-def _delete_of_runs(model, ids, column="run_id"):
+def _delete_of_runs(model: type[Model], ids: Sequence[int], column: str = "run_id") -> int:
     """One DELETE of every row of ``model`` that belongs to the runs ``ids``: no row is read.
 
     Django's own delete reads every row first to follow its relations; the order of the
@@ -188,7 +207,8 @@ def _delete_of_runs(model, ids, column="run_id"):
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", [list(ids)])
-        return cursor.rowcount
+        count: int = cursor.rowcount
+        return count
 
 
 class Archive:
@@ -198,22 +218,25 @@ class Archive:
     again, so the archive holds exactly what was deleted.
     """
 
-    def __init__(self, path):
+    def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.gzip = self.path.endswith(".gz")
         self._file = open(self.path, "ab")  # noqa: SIM115 (closed by close())
 
-    def cut(self, mark):
+    def cut(self, mark: int) -> None:
         """Take back what was written since ``mark`` (a batch whose delete failed)."""
         self._file.truncate(mark)
         self._file.seek(mark)
 
-    def write_runs(self, runs):
+    def write_runs(self, runs: Sequence[Run]) -> int:
         ids = [run.pk for run in runs]
         steps = _grouped(Step.objects.filter(run_id__in=ids).order_by("run_id", "position"))
-        resources = _grouped(Resource.objects.filter(run_id__in=ids).order_by("pk"))
-        attempts = _grouped(Attempt.objects.filter(run_id__in=ids).order_by("pk"))
-        log = _grouped(RunLog.objects.filter(run_id__in=ids).order_by("pk"))
+        ledger = list(Resource.objects.filter(run_id__in=ids).order_by("pk"))
+        resources = _grouped(ledger)
+        stored = list(Attempt.objects.filter(run_id__in=ids).order_by("pk"))
+        logs = list(RunLog.objects.filter(run_id__in=ids).order_by("pk"))
+        attempts = _attempts(ledger, stored, logs)
+        log = _grouped(logs)
         alerts = _grouped(Alert.objects.filter(run_id__in=ids).order_by("pk"))
         lines = []
         for run in runs:
@@ -237,18 +260,43 @@ class Archive:
         os.fsync(self._file.fileno())
         return mark
 
-    def close(self):
+    def close(self) -> None:
         self._file.close()
 
 
-def _fields(instance):
+def _fields(instance: Model) -> dict[str, Any]:
     data = model_to_dict(instance, fields=[f.name for f in instance._meta.concrete_fields])
     data["id"] = instance.pk
     return data
 
 
-def _grouped(queryset):
-    out = {}
+def _attempts(
+    resources: Sequence[Resource], stored: Sequence[Attempt], logs: Sequence[RunLog]
+) -> dict[int | None, list[dict[str, Any]]]:
+    """The runs' attempts as staff read them (`rows.history`): those recorded, and for each
+    row given back the attempt that did it, which the row itself records; per run, oldest first."""
+    by_row: dict[int | None, list[Attempt]] = {}
+    swept: dict[int | None, list[RunLog]] = {}
+    for attempt in stored:
+        by_row.setdefault(attempt.resource_id, []).append(attempt)
+    for entry in logs:
+        if entry.kind == LogKind.CLEANUP_SWEPT:
+            swept.setdefault(entry.run_id, []).append(entry)
+    made: list[Attempt] = []
+    for row in resources:
+        recorded = by_row.pop(row.pk, [])
+        made += rows.history(row, recorded[::-1], swept.get(row.run_id, []))
+    # Attempts of rows no longer in the ledger (none while the ledger keeps its rows with their runs).
+    made += [a for recorded in by_row.values() for a in recorded]
+    made.sort(key=lambda a: (a.at, a.pk is None, a.pk or 0))
+    out: dict[int | None, list[dict[str, Any]]] = {}
+    for attempt in made:
+        out.setdefault(attempt.run_id, []).append(_fields(attempt))
+    return out
+
+
+def _grouped(queryset: Iterable[OfRun]) -> dict[int | None, list[dict[str, Any]]]:
+    out: dict[int | None, list[dict[str, Any]]] = {}
     for item in queryset:
         out.setdefault(item.run_id, []).append(_fields(item))
     return out

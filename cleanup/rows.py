@@ -22,7 +22,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
@@ -34,6 +34,8 @@ from .models import (
     STEP_KIND,
     TERMINAL,
     UNRESOLVED,
+    Attempt,
+    AttemptOutcome,
     LogKind,
     Resource,
     ResourceState,
@@ -42,7 +44,7 @@ from .models import (
     RunStatus,
     Step,
 )
-from .sql import SPECIAL, execute_prepared, fetch_prepared, update_by_id
+from .sql import SPECIAL, Statement, column_of, execute_prepared, fetch_prepared, field_of, updating
 
 # -- the states, as sets ------------------------------------------------------------------
 
@@ -211,9 +213,38 @@ def waiting_for_person(now: dt.datetime, max_attempts: int) -> Q:
     return Q(_run_cleans_up_by_itself(False)) | ~tried_again(now, max_attempts)
 
 
+def gave_up(now: dt.datetime, max_attempts: int) -> Q:
+    """Unresolved rows of ended runs in the automatic sweep that it will not try again (at
+    the ceiling, not retryable, drifted): the cleanup gave up on them, a person decides."""
+    return Q(_run_cleans_up_by_itself(True)) & ~tried_again(now, max_attempts)
+
+
+def left_for_later() -> Q:
+    """Rows of runs a person ended out of the automatic sweep (rule 7): kept on purpose,
+    never tried, so not given up; a person's cleanup gives them back."""
+    return Q(_run_cleans_up_by_itself(False))
+
+
+def run_waiting(run_id: int) -> QuerySet[Resource]:
+    """One ended run's rows that wait (`ended_unresolved`): what its page, its alert and its
+    steps count, so that they say the number the index and the ledger's filters say."""
+    return ended_unresolved(Resource.objects.filter(run_id=run_id))
+
+
+def counted_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resource]:
+    """Unresolved rows as every count of them reads them, a running run's or an ended one's:
+    a step's placeholder only when nothing else of its step is left
+    (`ResourceQuerySet.without_covered_placeholders`), never as one more row beside the
+    resources it stands for. A run's page, the list of runs, the index, the ledger's filters
+    and an alert all count through it, so none says 4 where another says 3."""
+    rows = Resource.objects.all() if rows is None else rows
+    unresolved: Any = rows.filter(state__in=UNRESOLVED)
+    covered: QuerySet[Resource] = unresolved.without_covered_placeholders()
+    return covered
+
+
 def ended_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resource]:
-    """The unresolved rows of ended runs that a person acts on: a step's placeholder only
-    when nothing else of its step is left (`ResourceQuerySet.without_covered_placeholders`).
+    """The unresolved rows of ended runs that a person acts on (`counted_unresolved`).
 
     The counts of the admin, its lists and the metrics read it, so a count and its list agree.
     """
@@ -221,7 +252,7 @@ def ended_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resourc
     # "Not of a running run" rather than a join with the ended ones: read beside the few
     # running runs' partial index, not beside every run the retention window keeps.
     running = Run.objects.filter(pk=OuterRef("run_id"), status=RunStatus.RUNNING)
-    return rows.filter(state__in=UNRESOLVED).exclude(Exists(running)).without_covered_placeholders()
+    return counted_unresolved(rows.exclude(Exists(running)))
 
 
 # -- a predicate of one row already read ----------------------------------------------------
@@ -273,7 +304,7 @@ def attempts_left_of(row: Any, max_attempts: int) -> int:
     """How many automatic attempts the row has left: none once it is not the sweep's."""
     if not holds(row, swept()):
         return 0
-    return max(0, max_attempts - row.revert_attempts)
+    return max(0, max_attempts - int(row.revert_attempts))
 
 
 def backoff_until(attempts: int, now: dt.datetime, max_attempts: int) -> dt.datetime | None:
@@ -283,6 +314,46 @@ def backoff_until(attempts: int, now: dt.datetime, max_attempts: int) -> dt.date
         return None
     seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, attempts - 1)
     return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
+
+
+# -- a row's history -------------------------------------------------------------------------
+
+
+def history(row: Any, stored: Sequence[Attempt], logs: Iterable[RunLog] | None = None) -> list[Attempt]:
+    """Every attempt on ``row``, newest first, as staff read it: the attempts recorded, and the
+    one that gave the row back.
+
+    A row given back by the sweep has no attempt of its own recorded (a batch of thousands of
+    rows would write as many again): the row itself says it, ``reverted`` with its attempt's
+    number and time, and its pass's ``cleanup.swept`` entry, written with it or just after,
+    says by whom. ``stored`` are the row's recorded attempts, newest first; ``logs`` its run's
+    ``cleanup.swept`` entries (read from the database when None). The attempt made here is
+    not saved.
+    """
+    attempts = list(stored)
+    if row.state != ResourceState.REVERTED or row.resolved_at is None:
+        return attempts
+    if any(a.outcome == "done" and a.number == row.revert_attempts for a in attempts):
+        return attempts  # recorded (a lease's hand-down, or a give-back recorded before)
+    if logs is None:
+        logs = RunLog.objects.filter(run_id=row.run_id, kind=LogKind.CLEANUP_SWEPT, at__gte=row.resolved_at)
+    after = [e for e in logs if e.kind == LogKind.CLEANUP_SWEPT and e.at >= row.resolved_at]
+    swept = min(after, key=_when, default=None)
+    by = str(swept.detail.get("by") or "") if swept is not None and isinstance(swept.detail, dict) else ""
+    given_back = Attempt(
+        resource_id=row.pk,
+        run_id=row.run_id,
+        number=row.revert_attempts,
+        at=row.resolved_at,
+        outcome="done",
+        error="",
+        by=by,
+    )
+    return sorted([given_back, *attempts], key=lambda a: (a.at, a.pk is None, a.pk or 0), reverse=True)
+
+
+def _when(entry: RunLog) -> tuple[dt.datetime, int]:
+    return entry.at, entry.pk or 0
 
 
 # -- leases on one target (rule 13) ---------------------------------------------------------
@@ -322,7 +393,7 @@ def taking(kind: str) -> None:
     The block a test case wraps each test in is not one: the code under test runs as it
     would on its own.
     """
-    blocks = [block for block in connection.atomic_blocks if not block._from_testcase]
+    blocks = [block for block in connection.atomic_blocks if not getattr(block, "_from_testcase", False)]
     if not blocks:
         return
     level, outer = LOCK_ORDER.index(kind), blocks[0]
@@ -333,7 +404,7 @@ def taking(kind: str) -> None:
                 f"{kind} locked after {LOCK_ORDER[held[1]]}: the order is {', then '.join(LOCK_ORDER)}"
             )
         level = max(level, held[1])
-    connection._cleanup_locks = (outer, level)
+    cast(Any, connection)._cleanup_locks = (outer, level)
 
 
 def lock(rows: QuerySet[Resource]) -> QuerySet[Resource]:
@@ -424,33 +495,41 @@ CLAIMED_COLUMNS = (
 )
 
 
-def claim(where: str, where_params: Sequence[Any], token: uuid.UUID, now: dt.datetime) -> list[tuple[Any, ...]]:
-    """Claim the rows ``where`` selects (rule 9): ``reverting``, stamped with ``token`` and an
-    expiry, one attempt counted (rule 5); answers `CLAIMED_COLUMNS` of each row taken.
+def claiming(
+    where: str, where_params: Sequence[Any], token: uuid.UUID, now: dt.datetime, called_together: str
+) -> Statement:
+    """The claim (rule 9), as a statement (SQL, params) that the pass sends as a part of its
+    claim (`cleanup.sweep.statements.claim`, which chooses the groups in the same statement):
+    the rows ``where`` selects become ``reverting``, stamped with ``token`` and an expiry, one
+    attempt counted (rule 5); it answers `CLAIMED_COLUMNS` of each row taken.
 
     Taking over an abandoned claim counts another attempt and keeps the one the dead
     sweeper spent if its call had started; a claim that died before its call gives its
-    attempt back. The caller locked the rows' runs first (`LOCK_ORDER`).
+    attempt back. The caller locks the rows' runs first and says so (`taking`, `LOCK_ORDER`).
+
+    ``called_together`` (SQL, a boolean in the caller's statement): the claim takes several
+    groups, whose calls start in waves; it marks them called together at once (`mark_called`
+    with ``shared``), so no wave needs a statement of its own. A sweeper that dies holding
+    them has spent none of their attempts (any of its calls may not have started), and each
+    group is next called alone (rule 20).
     """
-    taking(LEDGER)
     meta = Resource._meta
-    values = {
+    values: dict[str, Any] = {
         "state": ResourceState.REVERTING.value,
         "claim_token": token,
         "claim_expires_at": now + timedelta(seconds=claim_timeout_s()),
         "updated_at": now,
-        "claim_called": False,
-        "claim_shared": False,
     }
     quote = connection.ops.quote_name
-    fields = {name: meta.get_field(name) for name in values}
-    sets = ", ".join(f"{quote(fields[n].column)} = %s" for n in values)
+    fields = {name: field_of(Resource, name) for name in (*values, "claim_called", "claim_shared")}
+    sets = [f"{quote(column_of(fields[n]))} = %s" for n in values]
     params = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    sets += [f"{quote(column_of(fields[name]))} = {called_together}" for name in ("claim_called", "claim_shared")]
     sql = (
-        f"UPDATE {quote(meta.db_table)} SET {sets}, revert_attempts = revert_attempts + {_SPENT} WHERE {where} "
-        f"RETURNING {', '.join(quote(c) for c in CLAIMED_COLUMNS)}"
+        f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)}, revert_attempts = revert_attempts + {_SPENT} "
+        f"WHERE {where} RETURNING {', '.join(quote(c) for c in CLAIMED_COLUMNS)}"
     )
-    return list(fetch_prepared(sql, [*params, *where_params]))
+    return sql, [*params, *where_params]
 
 
 def mark_called(where: str, params: Sequence[Any], shared: bool = False) -> int:
@@ -552,15 +631,31 @@ def give_back_claim() -> Verdict:
     return {"state": PREVIOUS_STATE, "revert_attempts": ATTEMPT_GIVEN_BACK, **_LET_GO}
 
 
+# An attempt of a row's history, as `write_verdicts` records it: the row's id, its run's id,
+# the attempt's number, its outcome and its error.
+AttemptRecord = tuple[int, int, int, str, str]
+
+
 def write_verdicts(
-    token: uuid.UUID, by_step: Mapping[int, Verdict], by_row: Mapping[int, Verdict], now: dt.datetime
-) -> None:
-    """Write staged verdicts on the rows ``token`` still holds (rule 9), one UPDATE over
-    arrays for each of: a step's rows but its leases that all take the same values
-    (``by_step``), and single rows (``by_row``). The caller locked them (`lock`)."""
+    token: uuid.UUID,
+    by_step: Mapping[int, Verdict],
+    by_row: Mapping[int, Verdict],
+    now: dt.datetime,
+    attempts: Sequence[AttemptRecord] = (),
+    by: str = "",
+) -> set[int]:
+    """Write staged verdicts on the rows ``token`` still holds (rule 9), and the ``attempts``
+    of those rows, in one statement; answers the ids of the rows written.
+
+    One UPDATE over arrays for each of: a step's rows but its leases that all take the same
+    values (``by_step``), and single rows (``by_row``); the attempts are inserted only for
+    rows those UPDATEs wrote, so a claim taken over records nothing. The caller locked the
+    rows' runs first (`LOCK_ORDER`); the UPDATEs lock the rows.
+    """
     taking(LEDGER)
     held = "r.claim_token = %s AND r.state = %s"
     reverting = ResourceState.REVERTING.value
+    parts = []
     for changed, key, where, params in (
         (by_step, "step", f"{held} AND NOT (r.kind = %s)", [token, reverting, LEASE_KIND]),
         (by_row, None, held, [token, reverting]),
@@ -568,15 +663,40 @@ def write_verdicts(
         if not changed:
             continue
         marked = {k: {c: SPECIAL if isinstance(v, _Derived) else v for c, v in vs.items()} for k, vs in changed.items()}
-        update_by_id(
-            Resource,
-            marked,
-            where=where,
-            where_params=params,
-            expressions={column: derived.sql for column, derived in _DERIVED.items()},
-            fixed={"updated_at": now},
-            key=key,
+        parts.append(
+            updating(
+                Resource,
+                marked,
+                where=where,
+                where_params=params,
+                expressions={column: derived.sql for column, derived in _DERIVED.items()},
+                fixed={"updated_at": now},
+                key=key,
+                returning="r.id",
+            )
         )
+    if not parts:
+        return set()
+    written = " UNION ALL ".join(f"SELECT id FROM w{i}" for i in range(len(parts)))
+    if attempts:
+        parts.append(_recording(attempts, now, by, written))
+    sql = "WITH " + ", ".join(f"w{i} AS ({part})" for i, (part, _) in enumerate(parts)) + " " + written
+    return {pk for (pk,) in fetch_prepared(sql, [p for _, params in parts for p in params])}
+
+
+def _recording(attempts: Sequence[AttemptRecord], now: dt.datetime, by: str, written: str) -> Statement:
+    """The INSERT of ``attempts`` into the attempt history, for the rows ``written`` selects."""
+    meta, quote = Attempt._meta, connection.ops.quote_name
+    names = ("resource", "run", "number", "outcome", "error")
+    types = [f"{field_of(Attempt, name).db_type(connection)}[]" for name in names]
+    columns = ", ".join(quote(column_of(field_of(Attempt, name))) for name in (*names, "at", "by"))
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({columns}) "
+        f"SELECT a.*, %s::timestamptz, %s FROM unnest({', '.join(f'%s::{t}' for t in types)}) "
+        f"AS a(resource_id, run_id, number, outcome, error) WHERE a.resource_id IN ({written})"
+    )
+    arrays = [list(values) for values in zip(*attempts, strict=True)]
+    return sql, [now, by or "", *arrays]
 
 
 def release_spent_claims(now: dt.datetime, max_attempts: int) -> list[Resource]:
@@ -708,6 +828,13 @@ def orphan(rows: QuerySet[Resource], reason: str, **detail: Any) -> list[Resourc
     )
 
 
+def orphan_failed(rows: QuerySet[Resource], reason: str, **detail: Any) -> list[Resource]:
+    """Rule 14: after a restart, ``failed`` rows the module says are no longer in the world
+    are ``orphaned`` too, each logged; a row a live claim holds stays as it is."""
+    condition = Q(state=ResourceState.FAILED) & unclaimed(timezone.now())
+    return _resolve_logged(rows, condition, ResourceState.ORPHANED, reason, LogKind.RESOURCE_ORPHANED, **detail)
+
+
 def waive(rows: QuerySet[Resource], reason: str, actor: str, now: dt.datetime, **detail: Any) -> list[Resource]:
     """Rule 12: a person resolves rows as ``waived``; each keeps its last error, with the
     reason, the person and the time beside it. A row a live claim holds is left alone."""
@@ -728,11 +855,62 @@ def waive(rows: QuerySet[Resource], reason: str, actor: str, now: dt.datetime, *
 def reset_for_person(run_id: int, now: dt.datetime) -> int:
     """Rule 6: a person's cleanup puts the run's rows a person may act on back in the sweep:
     attempts to zero, retryable, no backoff, a drifted row ``live`` again. A row a sweeper
-    holds right now is left to its verdict. Answers how many rows were reset. The caller
-    locked the run first (`LOCK_ORDER`)."""
+    holds right now is left to its verdict. Answers how many rows were reset, counted as
+    every count of them is (`counted_unresolved`: a step's placeholder reset beside its
+    resources is not one more), so the log and the person's message say what the page said.
+    The caller locked the run first (`LOCK_ORDER`)."""
     rows = Resource.objects.filter(person_may_act(now), run_id=run_id)
     ids = list(lock(rows).values_list("id", flat=True))
     Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
-    return Resource.objects.filter(pk__in=ids).update(
-        revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now
-    )
+    reset = Resource.objects.filter(pk__in=ids)
+    if not reset.update(revert_attempts=0, retryable=True, next_attempt_at=None, updated_at=now):
+        return 0
+    return counted_unresolved(reset).count()
+
+
+# -- transitions: a backend's own dead-man's switch ---------------------------------------
+
+
+def given_back_by_switch(
+    rows: QuerySet[Resource], given_back: Iterable[str], kept: Mapping[str, str], reason: str, now: dt.datetime
+) -> tuple[list[Resource], list[Resource]]:
+    """Rule 34: the backend of ``rows`` gave back, by itself, the unresolved rows whose refs
+    are in ``given_back``: they are ``reverted`` with ``reason``, never called again, each
+    with an attempt in its history. A row in ``kept`` (the switch could not give it back)
+    is ``failed`` with the switch's reason beside the reason ``kept`` gives; its attempts
+    stay as they are. A step's placeholder resolves with the last of its step's rows the
+    switch gave back. A claim held on a row is let go: a late sweeper cannot overwrite this.
+    Answers ``(reverted, failed)``, the rows as they were."""
+    given = set(given_back)
+    open_rows = rows.filter(state__in=UNRESOLVED)
+    with transaction.atomic():
+        locked = list(lock(open_rows.filter(ref__in=given | set(kept))).exclude(kind=STEP_KIND).order_by("id"))
+        back = [r for r in locked if r.ref in given]
+        failed = [r for r in locked if r.ref not in given]
+        steps = {r.step_id for r in back if r.step_id is not None}
+        still_open = set(
+            open_rows.filter(step_id__in=steps)
+            .exclude(kind=STEP_KIND)
+            .exclude(pk__in=[r.pk for r in back])
+            .values_list("step_id", flat=True)
+        )
+        placeholders = list(lock(open_rows.filter(kind=STEP_KIND, step_id__in=steps - still_open)).order_by("id"))
+        done = [*back, *placeholders]
+        Resource.objects.filter(pk__in=[r.pk for r in done]).update(
+            state=ResourceState.REVERTED,
+            last_error=reason,
+            next_attempt_at=None,
+            resolved_at=now,
+            updated_at=now,
+            **_LET_GO,
+        )
+        for row in failed:
+            Resource.objects.filter(pk=row.pk).update(
+                state=ResourceState.FAILED, last_error=f"{reason}; kept: {kept[row.ref]}", updated_at=now, **_LET_GO
+            )
+        Attempt.record(back, AttemptOutcome.DONE, error=reason, by="backend switch", at=now)
+        for row in failed:
+            Attempt.record(
+                [row], AttemptOutcome.FAILED, error=f"{reason}; kept: {kept[row.ref]}", by="backend switch", at=now
+            )
+    return done, failed

@@ -15,33 +15,51 @@ claim the next one takes over after ``EVENT_CLAIM_TIMEOUT_S``.
 Whenever a run is left to wake at a known time (a wait, a backoff, a down backend), the
 runner arms the engine's wake-up for it (`cleanup.wakeup`), and every tick ends by arming
 the next one, so waits end on time rather than at the minute tick.
+Before a step acts on a backend whose module has a dead-man's switch, the backend's session
+is renewed when due (`cleanup.deadman`, rule 34): a run its backend let go of is aborted
+with the switch's reason, and its later steps are not performed.
 May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `reconcile`, `calls`,
-`registry`, `validation`, `enqueue`, `wakeup`, the models and conf; never a surface.
+`registry` (and `envelopes`, its shapes), `validation`, `enqueue`, `wakeup`, `deadman`, the models and
+conf; never a surface.
 """
 
+from __future__ import annotations
+
+import datetime as dt
 import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Literal, TypedDict, cast
 
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, ledger, outages, reconcile, registry, tally, validation, wakeup
+from . import calls, deadman, ledger, outages, reconcile, registry, tally, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
+from .envelopes import PerformAnswer
 from .logs import about, log_context
 from .models import LEASE_KIND, IdempotencyKey, LogKind, Resource, Run, RunLog, RunStatus, Step, StepStatus
-from .sweep import past, refresh_cleanup_status, sweep
+from .sweep import SweepResult, past, refresh_cleanup_status, sweep
 
 logger = logging.getLogger(__name__)
 
 WAIT = "core.wait"
 LEASE = "core.lease"
 MAX_WAIT_S = 86_400
+
+
+class CleanedStep(TypedDict):
+    """One step of a run spec as `validate_spec` passed it, ready to store."""
+
+    action: str
+    params: dict[str, Any]
+    backend: str
 
 
 class RunSpecError(validation.Invalid):
@@ -66,13 +84,13 @@ class RunQuotaExceeded(RunSpecError):
 QUOTA_LOCK = 0x6576_5175  # "evQu"
 
 
-def _count_running(actor):
+def _count_running(actor: str | None) -> tuple[int, int]:
     """(running runs, those started by ``actor``)."""
     running = Run.objects.filter(status=RunStatus.RUNNING)
     return running.count(), (running.filter(started_by=actor).count() if actor else 0)
 
 
-def _check_quota(actor):
+def _check_quota(actor: str | None) -> None:
     """Refuse a start past either quota (`RunQuotaExceeded`); called inside the start's transaction."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [QUOTA_LOCK])
@@ -100,14 +118,14 @@ class CoreWait(registry.Action):
     id = WAIT
     module = "core"
 
-    def validate(self, params):
+    def validate(self, params: dict[str, Any]) -> None:
         seconds = params.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
             raise ValueError(f"seconds must be a number from 0 to {MAX_WAIT_S}, got {seconds!r}")
         if not 0 <= seconds <= MAX_WAIT_S:
             raise ValueError(f"seconds must be from 0 to {MAX_WAIT_S}, got {seconds!r}")
 
-    def perform(self, **kwargs):  # the runner holds the run itself
+    def perform(self, **kwargs: Any) -> PerformAnswer:  # the runner holds the run itself
         return {"ok": True, "resources": []}
 
 
@@ -121,7 +139,7 @@ class CoreLease(registry.Action):
     id = LEASE
     module = "core"
 
-    def validate(self, params):
+    def validate(self, params: dict[str, Any]) -> None:
         unknown = sorted(set(params) - {"lease", "target", "value"})
         if unknown:
             raise ValueError(f"{unknown[0]} is not a parameter of {LEASE}")
@@ -136,21 +154,22 @@ class CoreLease(registry.Action):
             raise ValueError(f"target {message}")
         if "value" not in params:
             raise ValueError("value is required")
-        if callable(getattr(lease, "validate", None)):
+        validate = getattr(lease, "validate", None)
+        if callable(validate):
             # The lease says which values it can apply; one it cannot would abort the run
             # and leave a row whose restore fails for good.
             try:
-                lease.validate(params["value"])
+                validate(params["value"])
             except ValueError as exc:
                 raise ValueError(f"value: {exc}") from None
             except Exception as exc:  # a module's validate is untrusted too
                 raise ValueError(f"value: {lease_id} could not check it: {type(exc).__name__}: {exc}") from None
 
-    def perform(self, **kwargs):
+    def perform(self, **kwargs: Any) -> PerformAnswer:
         return {"ok": False, "error": "core.lease is performed by the runner", "retry": False}
 
 
-def register_builtins():
+def register_builtins() -> None:
     for action in (CoreWait(), CoreLease()):
         if registry.get_action(action.id) is None:
             registry.register_action(action)
@@ -159,21 +178,21 @@ def register_builtins():
 # -- starting -------------------------------------------------------------------------
 
 
-def _name_error(name):
+def _name_error(name: object) -> str | None:
     if isinstance(name, str) and not name.strip() and "\x00" not in name:
         return "a run needs a non-empty name"
     message = validation.text_error(name, validation.MAX_NAME)
     return f"a name {message}" if message else None
 
 
-def validate_spec(name, steps):
+def validate_spec(name: object, steps: object) -> list[CleanedStep]:
     """The cleaned steps of a run spec, or `RunSpecError` naming every bad field.
 
     Everything a run stores is checked here (`cleanup.validation`): the name, the number
     of steps (``EVENT_MAX_STEPS``), each step's action and params (JSON that PostgreSQL
     can store, at most ``EVENT_MAX_PARAMS_BYTES``), then the action's own ``validate``.
     """
-    errors = {}
+    errors: dict[str, str] = {}
     if message := _name_error(name):
         errors["name"] = message
     if not isinstance(steps, list) or not steps:
@@ -183,16 +202,16 @@ def validate_spec(name, steps):
     if len(steps) > max_steps:
         errors["steps"] = f"a run has at most {max_steps} steps (EVENT_MAX_STEPS), got {len(steps)}"
         raise RunSpecError(errors)
-    cleaned = []
+    cleaned: list[CleanedStep] = []
     for position, step in enumerate(steps):
         where = f"steps[{position}]"
         step_errors = _step_errors(step, where)
         if not step_errors:
             params = step.get("params") or {}
             backend, problem = _backend_of(step["action"], params)
-            if problem:
+            if problem is not None:
                 step_errors = {f"{where}.params": problem}
-            else:
+            elif backend is not None:
                 cleaned.append({"action": step["action"], "params": params, "backend": backend})
         errors.update(step_errors)
     if errors:
@@ -200,11 +219,11 @@ def validate_spec(name, steps):
     return cleaned
 
 
-def _step_errors(step, where):
+def _step_errors(step: object, where: str) -> dict[str, str]:
     """What is wrong with one step, keyed by field; empty when it can be stored."""
     if not isinstance(step, dict):
         return {where: 'each step is an object {"action", "params"}'}
-    errors = {}
+    errors: dict[str, str] = {}
     unknown = sorted(set(step) - {"action", "params"})
     if unknown:
         errors[where] = f"unknown field(s) {', '.join(map(repr, unknown))}"
@@ -220,12 +239,13 @@ def _step_errors(step, where):
         problem = (f"{where}.params", message)
     if problem:
         return {**errors, problem[0]: problem[1]}
-    action = registry.get_action(action_id)
+    action = registry.get_action(cast(str, action_id))  # text_error refused any other
     if action is None:
         return {**errors, f"{where}.action": f"no module registers the action {action_id!r}"}
-    if callable(getattr(action, "validate", None)):
+    validate = getattr(action, "validate", None)
+    if callable(validate):
         try:
-            action.validate(params)
+            validate(params)
         except ValueError as exc:
             errors[f"{where}.params"] = str(exc)
         except Exception as exc:  # a module's validate is untrusted too
@@ -233,7 +253,7 @@ def _step_errors(step, where):
     return errors
 
 
-def _backend_of(action_id, params):
+def _backend_of(action_id: str, params: dict[str, Any]) -> tuple[str, None] | tuple[None, str]:
     """Which backend a valid step acts on: ``(backend, None)``, or ``(None, error)``."""
     if action_id == LEASE:
         lease = registry.get_lease(params["lease"])
@@ -241,7 +261,7 @@ def _backend_of(action_id, params):
     return calls.backend_of(registry.get_action(action_id), params, action_id)
 
 
-def start_run(name, steps, actor=None, quota=True):
+def start_run(name: object, steps: object, actor: str | None = None, quota: bool = True) -> Run:
     """Validate and store a run, then queue a tick so it starts at once.
 
     Refused (`RunQuotaExceeded`) when ``EVENT_MAX_RUNNING_RUNS`` runs are running, or
@@ -253,7 +273,8 @@ def start_run(name, steps, actor=None, quota=True):
     with transaction.atomic():
         if quota:
             _check_quota(actor)
-        run = Run.objects.create(name=name.strip(), wake_at=timezone.now(), started_by=actor or "")
+        # `validate_spec` refused a name that is not a string.
+        run = Run.objects.create(name=cast(str, name).strip(), wake_at=timezone.now(), started_by=actor or "")
         Step.objects.bulk_create(
             Step(
                 run=run,
@@ -273,7 +294,7 @@ def start_run(name, steps, actor=None, quota=True):
 # -- ending ---------------------------------------------------------------------------
 
 
-def _end(run_id, status, kind, auto_cleanup=True, **detail):
+def _end(run_id: int, status: str, kind: str, auto_cleanup: bool = True, **detail: Any) -> bool:
     """Move a running run to a terminal status; answers False when it was not running.
 
     Every end queues the run's cleanup once it commits, unless a person keeps the rows
@@ -299,7 +320,7 @@ def _end(run_id, status, kind, auto_cleanup=True, **detail):
     return True
 
 
-def cancel_run(run_id, cleanup=True, actor=None):
+def cancel_run(run_id: int, cleanup: bool = True, actor: str | None = None) -> Run:
     """Cancel a running run. With ``cleanup=False`` its rows wait for a person (rule 7)."""
     validation.check_actor(actor)
     run = Run.objects.filter(pk=run_id).first()
@@ -322,7 +343,7 @@ class AdvanceResult:
     work_left: bool = False  # stopped at a bound: more runs or steps may be due
 
 
-def due_runs(now, limit):
+def due_runs(now: dt.datetime, limit: int) -> list[int]:
     return list(
         Run.objects.filter(status=RunStatus.RUNNING)
         .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
@@ -332,7 +353,7 @@ def due_runs(now, limit):
     )
 
 
-def advance(by="tick", deadline=None):
+def advance(by: str = "tick", deadline: dt.datetime | None = None) -> AdvanceResult:
     """The advance leg: every due running run, at most ``EVENT_ADVANCE_RUN_BATCH`` of them.
 
     Past ``deadline`` no further step is started; the run stays due for the next tick.
@@ -361,11 +382,11 @@ def advance(by="tick", deadline=None):
 class _Claim:
     """A ticker's hold on one run, renewed before each step: one ticker at a time (rule 17)."""
 
-    def __init__(self, run_id):
+    def __init__(self, run_id: int) -> None:
         self.run_id = run_id
         self.token = uuid.uuid4()
 
-    def take(self):
+    def take(self) -> int:
         now = timezone.now()
         return Run.objects.filter(
             Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now),
@@ -374,26 +395,26 @@ class _Claim:
             status=RunStatus.RUNNING,
         ).update(claim_token=self.token, claim_expires_at=now + timedelta(seconds=claim_timeout_s()))
 
-    def renew(self):
+    def renew(self) -> int:
         """Still ours, and the run still running? Renewing answers both."""
         now = timezone.now()
         return Run.objects.filter(pk=self.run_id, claim_token=self.token, status=RunStatus.RUNNING).update(
             claim_expires_at=now + timedelta(seconds=claim_timeout_s())
         )
 
-    def release(self, wake_at=None):
+    def release(self, wake_at: dt.datetime | None = None) -> None:
         Run.objects.filter(pk=self.run_id, claim_token=self.token).update(
             claim_token=None, claim_expires_at=None, wake_at=wake_at
         )
 
 
-def advance_run(run_id, deadline=None):
+def advance_run(run_id: int, deadline: dt.datetime | None = None) -> int | None:
     """Perform a run's ready steps in order; answers how many, or None if not claimed."""
     claim = _Claim(run_id)
     if not claim.take():
         return None
     performed = 0
-    wake_at = None
+    wake_at: dt.datetime | None = None
     try:
         while not past(deadline) and claim.renew():
             step = Step.objects.filter(run_id=run_id).exclude(status=StepStatus.DONE).order_by("position").first()
@@ -413,14 +434,17 @@ def advance_run(run_id, deadline=None):
                 continue
             if step.status == StepStatus.RUNNING and step.attempts >= setting("EVENT_STEP_MAX_ATTEMPTS"):
                 # The ticker that spent the last attempt died before it had an answer.
-                wake_at = _record_outcome(
+                outcome = _record_outcome(
                     step,
                     calls.Performed(ok=False, error="the ticker performing this step stopped before it had an answer"),
                 )
+                wake_at = None if outcome is True else outcome  # a failure is never done (True)
                 break
             held = outages.hold(_module_of(step), now, backend=step.backend)
             if held is not None:
                 wake_at = _wait_for_module(step, held)
+                break
+            if _let_go(step):
                 break
             outcome = _perform(step)
             if outcome is True:
@@ -435,12 +459,41 @@ def advance_run(run_id, deadline=None):
     return performed
 
 
-def _module_of(step):
+def _module_of(step: Step) -> str | None:
     """The module a step calls, or None (a built-in wait, an unregistered action)."""
-    return outages.step_module(step)
+    module: str | None = outages.step_module(step)
+    return module
 
 
-def _wait_for_module(step, until):
+def _let_go(step: Step) -> bool:
+    """Rule 34: the step's backend's session, renewed when due; True when the backend's
+    switch had let go of this step's run, which is aborted (its later steps not performed)."""
+    renewal = deadman.prepare(_module_of(step), step.backend)
+    if renewal is None:
+        return False
+    end_lapsed([renewal])
+    return not Run.objects.filter(pk=step.run_id, status=RunStatus.RUNNING).exists()
+
+
+def end_lapsed(renewals: list[deadman.Renewal]) -> None:
+    """Abort each run that a backend's switch let go of while it ran, with the switch's
+    reason: those the renewals name, and any other the log says was let go of."""
+    for renewal in renewals:
+        for run_id in renewal.abort:
+            _end(run_id, RunStatus.ABORTED, LogKind.RUN_ABORTED, error=renewal.reason)
+    for run_id, reason in deadman.runs_let_go():
+        _end(run_id, RunStatus.ABORTED, LogKind.RUN_ABORTED, error=reason)
+
+
+def keep_alive() -> list[deadman.Renewal]:
+    """Renew every dead-man's switch session that is due, and end the runs a lapse let go
+    of (rule 34); answers the renewals. From the tick and from the keepalive task."""
+    renewals = deadman.renew_due()
+    end_lapsed(renewals)
+    return renewals
+
+
+def _wait_for_module(step: Step, until: dt.datetime) -> dt.datetime:
     """Hold the step while its module is down; say why once per outage. Answers ``until``."""
     health = outages.outage_of(_module_of(step), backend=step.backend)
     reason = health.waiting_text() if health else "waiting for its module to answer again"
@@ -462,7 +515,7 @@ def _wait_for_module(step, until):
     return until
 
 
-def _wait(step, now):
+def _wait(step: Step, now: dt.datetime) -> dt.datetime | None:
     """Hold the run on a ``core.wait``; answers when to look again, or None once it passed."""
     seconds = float(step.params.get("seconds", 0))
     if step.started_at is None:
@@ -484,7 +537,7 @@ def _wait(step, now):
     return None
 
 
-def _perform(step):
+def _perform(step: Step) -> Literal[True] | dt.datetime | None:
     """One attempt at one step: True when done, else when to look at the run again."""
     now = timezone.now()
     taken = Step.objects.filter(
@@ -502,11 +555,11 @@ def _perform(step):
     return _record_outcome(step, performed)
 
 
-def _perform_action(step):
+def _perform_action(step: Step) -> calls.Performed:
     action = registry.get_action(step.action_id)
     if action is None:
         return calls.Performed(ok=False, error=f"no module registers the action {step.action_id!r}", retry=False)
-    ledger.write_placeholder(step, action.module)
+    ledger.write_placeholder(step, action.module or "")
     answer = outages.call(
         action,
         action.perform,
@@ -518,16 +571,17 @@ def _perform_action(step):
         step_id=step.pk,
         params=step.params,
         idempotency_key=step.idempotency_key,
+        **deadman.session_kwargs(action.module, step.backend, action.perform),
     )
     performed = calls.classify_perform(answer, step.action_id)
     if performed.ok:
         # Recorded even when the run was cancelled meanwhile: what exists must be ledgered
         # to be given back.
-        ledger.record_resources(step, action.module, performed.resources)
+        ledger.record_resources(step, action.module or "", performed.resources)
     return performed
 
 
-def _perform_lease(step):
+def _perform_lease(step: Step) -> calls.Performed:
     params = step.params
     lease = registry.get_lease(params.get("lease"))
     if lease is None:
@@ -562,6 +616,7 @@ def _perform_lease(step):
             value=params["value"],
             run_id=step.run_id,
             target=target,
+            **deadman.session_kwargs(lease.module, step.backend, lease.apply),
         ),
         f"{lease.id}.apply",
     )
@@ -571,7 +626,7 @@ def _perform_lease(step):
     return calls.Performed(ok=True, resources=({"kind": LEASE_KIND, "ref": row.ref},))
 
 
-def _record_outcome(step, performed):
+def _record_outcome(step: Step, performed: calls.Performed) -> Literal[True] | dt.datetime | None:
     """Write an attempt's outcome, unless another ticker has taken the step over since.
 
     What the attempt made is in the ledger either way (`_perform_action` recorded it).
@@ -629,7 +684,7 @@ def _record_outcome(step, performed):
     return retry_at
 
 
-def _log_step_failed(step, error, *, retrying):
+def _log_step_failed(step: Step, error: str, *, retrying: bool) -> None:
     RunLog.write(
         step.run_id,
         LogKind.STEP_FAILED,
@@ -647,16 +702,17 @@ def _log_step_failed(step, error, *, retrying):
 @dataclass
 class TickResult:
     advance: AdvanceResult
-    sweep: object
+    sweep: SweepResult
     watched: int = 0  # backends asked for their health (`cleanup.outages.watch`)
     owed: reconcile.OwedResult | None = None  # the owed reconciles it made (`cleanup.reconcile.pay_owed`)
 
     @property
-    def work_left(self):
+    def work_left(self) -> bool:
         return self.advance.work_left or self.sweep.work_left or bool(self.owed and self.owed.work_left)
 
-    def line(self):
-        line = f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + self.sweep.line()
+    def line(self) -> str:
+        swept: str = self.sweep.line()
+        line = f"advanced {self.advance.runs} run(s), performed {self.advance.performed} step(s); " + swept
         if self.owed and (self.owed.paid or self.owed.left):
             line += f"; owed reconciles: {self.owed.paid} done, {self.owed.left} still owed"
         return line
@@ -665,34 +721,71 @@ class TickResult:
 # A busy site ticks many times a minute; the watch looks for due backends at most this
 # often in one process (each backend is asked at most every EVENT_BACKEND_WATCH_S anyway).
 WATCH_EVERY_S = 10
-_last_watch = {"at": None}
+_last_watch: dict[str, float | None] = {"at": None}
 
 
-def _watch():
+def _watch() -> int:
     """The backends' health, at the tick: a restart nobody reported is caught even when no
     run is active (`cleanup.outages.watch`). Its failure never fails the tick."""
     at = time.monotonic()
-    if _last_watch["at"] is not None and at - _last_watch["at"] < WATCH_EVERY_S:
+    last = _last_watch["at"]
+    if last is not None and at - last < WATCH_EVERY_S:
         return 0
     _last_watch["at"] = at
     try:
-        return outages.watch()
+        watched: int = outages.watch()
+        return watched
     except Exception:
         logger.exception("watching the backends failed; the next tick tries again")
         return 0
 
 
-def _pay_owed(deadline):
+def keep_alive_loop(
+    seconds: float, sleep: Callable[[float], None] = time.sleep, token: uuid.UUID | None = None
+) -> bool:
+    """Renew each session as it falls due, for about ``seconds`` (rule 34), for a ttl the
+    minute schedule cannot keep. Answers True when it kept going to the end, holding the
+    sessions a renewal past it for the task that goes on with the same ``token``; False
+    when it stopped early: no session is kept, or another loop holds them
+    (`deadman.hold_loop`)."""
+    token = token or uuid.uuid4()
+    end = time.monotonic() + seconds
+    while True:
+        ttl = deadman.ttl_s()
+        left = dt.timedelta(seconds=max(end - time.monotonic(), 0.0))
+        if not ttl or not deadman.hold_loop(token, timezone.now() + left + deadman.renew_every(ttl)):
+            return False
+        due = deadman.next_due()
+        if due is None:
+            return False
+        wait = max((due - timezone.now()).total_seconds(), 0.0)
+        if time.monotonic() + wait > end:
+            return True
+        sleep(wait + 0.05)
+        keep_alive()
+
+
+def _keep_alive() -> list[deadman.Renewal]:
+    """The dead-man's switch sessions, renewed at the tick (rule 34). Never fails the tick."""
+    try:
+        return keep_alive()
+    except Exception:
+        logger.exception("renewing the dead-man's switch sessions failed; the next tick tries again")
+        return []
+
+
+def _pay_owed(deadline: dt.datetime) -> reconcile.OwedResult | None:
     """The reconciles backends owe after a restart (rule 14), a bounded number per tick:
     paid here whether or not a cluster runs the task queued for them. Never fails the tick."""
     try:
-        return reconcile.pay_owed(deadline=deadline)
+        owed: reconcile.OwedResult = reconcile.pay_owed(deadline=deadline)
+        return owed
     except Exception:
         logger.exception("paying the owed reconciles failed; the next tick tries again")
         return None
 
 
-def tick(by="tick"):
+def tick(by: str = "tick") -> TickResult:
     """Advance, then clean up, then watch the backends' health, then make the reconciles
     owed after a restart, once. A tick that reached a bound queues the next at once.
 
@@ -700,6 +793,9 @@ def tick(by="tick"):
     tick ends well inside django-q2's task timeout even against a shard that hangs (rule 26).
     """
     deadline = timezone.now() + timedelta(seconds=setting("EVENT_TICK_BUDGET_S"))
+    # First contact: a backend whose switch let go while the core was away says so before
+    # the sweep could call it for the rows it gave back itself.
+    _keep_alive()
     result = TickResult(advance=advance(by=by, deadline=deadline), sweep=sweep(by=by, deadline=deadline))
     if not past(deadline):
         result.watched = _watch()

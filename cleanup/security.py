@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import logout
 from django.contrib.sessions.backends.base import SessionBase
@@ -29,7 +30,7 @@ BAD_PATH_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # The session key that holds the time of a session's last request.
 LAST_SEEN = "cleanup_last_seen"
 
-GetResponse = Callable[[HttpRequest], HttpResponseBase]
+GetResponse = Callable[[HttpRequest], Any]
 View = TypeVar("View", bound=Callable[..., Any])
 
 
@@ -38,17 +39,52 @@ def path_problem(path: str) -> bool:
     return BAD_PATH_CHARACTER.search(path) is not None
 
 
-class RefuseControlCharacterPaths:
-    """A path with a control character or a lone surrogate answers 404 (the site's 404 page,
-    JSON under ``/api/``)."""
+class Middleware:
+    """A middleware served both ways: called by a synchronous handler (WSGI) or awaited by an
+    asynchronous one (ASGI), so that an async view is never run on a thread of its own.
+    A subclass says what happens before (`before`) and after (`after`) the view; one whose
+    `before` may read the database (the session, the user) says so, and it then runs on the
+    request's thread under ASGI."""
+
+    sync_capable = True
+    async_capable = True
+    reads_database = False
 
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def before(self, request: HttpRequest) -> HttpResponseBase | None:
+        return None
+
+    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        return response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        response = self.before(request)
+        if response is None:
+            response = self.get_response(request)
+        return self.after(request, response)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        response = await sync_to_async(self.before)(request) if self.reads_database else self.before(request)
+        if response is None:
+            response = await self.get_response(request)
+        return self.after(request, response)
+
+
+class RefuseControlCharacterPaths(Middleware):
+    """A path with a control character or a lone surrogate answers 404 (the site's 404 page,
+    JSON under ``/api/``)."""
+
+    def before(self, request: HttpRequest) -> HttpResponseBase | None:
         if path_problem(request.path_info) or path_problem(request.path):
             raise Http404("no such page")
-        return self.get_response(request)
+        return None
 
 
 def note_login(sender: object, request: HttpRequest, user: object, **kwargs: object) -> None:
@@ -66,7 +102,7 @@ def refreshes_itself(view: View) -> View:
     return view
 
 
-class IdleSessionTimeout:
+class IdleSessionTimeout(Middleware):
     """Logs out a session idle for longer than ``SESSION_IDLE_TIMEOUT`` seconds (0: never).
 
     Goes after the authentication middleware. Every request of an idle session logs it
@@ -76,9 +112,7 @@ class IdleSessionTimeout:
     """
 
     WRITE_EVERY_S = 60
-
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
+    reads_database = True
 
     def _clock(self, request: HttpRequest) -> tuple[SessionBase, float | None, float] | None:
         """The session and its last activity, when the idle clock applies to this request."""
@@ -90,13 +124,13 @@ class IdleSessionTimeout:
         last = session.get(LAST_SEEN)
         return session, (last if isinstance(last, int | float) else None), timeout
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def before(self, request: HttpRequest) -> HttpResponseBase | None:
         clock = self._clock(request)
         if clock is not None:
             _session, last, timeout = clock
             if last is not None and time.time() - last > timeout:
                 logout(request)
-        return self.get_response(request)
+        return None
 
     def process_view(
         self,
@@ -115,14 +149,26 @@ class IdleSessionTimeout:
         return None
 
 
-class NoStoreForApi:
+class RateLimitHeaders(Middleware):
+    """``RateLimit-Limit``, ``-Remaining``, ``-Reset`` and ``-Policy`` on every answer whose
+    request the API's throttle counted (it leaves ``(limit, remaining, reset, window)`` on
+    the request as ``cleanup_rate_limit``): a console sees its standing before a 429."""
+
+    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        standing = getattr(request, "cleanup_rate_limit", None)
+        if standing is not None:
+            limit, remaining, reset, window = standing
+            response["RateLimit-Limit"] = str(limit)
+            response["RateLimit-Remaining"] = str(remaining)
+            response["RateLimit-Reset"] = str(reset)
+            response["RateLimit-Policy"] = f"{limit};w={window}"
+        return response
+
+
+class NoStoreForApi(Middleware):
     """``Cache-Control: no-store`` (and ``private``) on every answer under ``/api/``."""
 
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        response = self.get_response(request)
+    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if request.path.startswith("/api/"):
             patch_cache_control(response, no_store=True, private=True)
         return response

@@ -8,8 +8,12 @@ May import: anything of the engine; nothing imports it but django-q2 (by dotted
 path), the app config, and surfaces that queue work.
 """
 
+import datetime as dt
 import functools
 import logging
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.db import transaction
 
@@ -18,9 +22,11 @@ from . import counters
 # The queueing helpers live in `cleanup.enqueue`, which the engine uses too; the surfaces
 # that queue work (the API, the admin) may keep importing them from here.
 from .enqueue import (  # noqa: F401
+    KEEPALIVE,
     TICK,
     queue_cleanup,
     queue_cleanups,
+    queue_keepalive,
     queue_reconcile,
     queue_startup,
     queue_sweep,
@@ -28,15 +34,23 @@ from .enqueue import (  # noqa: F401
 )
 from .logs import log_context
 
+if TYPE_CHECKING:
+    from django_q.models import Schedule
+
+    from .models import Run
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 logger = logging.getLogger(__name__)
 
 
-def task(fn):
+def task(fn: Callable[P, R]) -> Callable[P, R]:
     """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`), and
     what it counted is written for the metrics when it ends (`cleanup.counters`)."""
 
     @functools.wraps(fn)
-    def run(*args, **kwargs):
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             with log_context(task=fn.__name__):
                 return fn(*args, **kwargs)
@@ -51,27 +65,26 @@ SCHEDULE_FUNC = TICK
 
 
 @task
-def tick_task():
+def tick_task() -> str:
     from .runner import tick
 
-    line = tick(by="tick task").line()
+    line: str = tick(by="tick task").line()
     notice_staff()
     return line
 
 
 @task
-def wake_task(at=None):
-    """The engine's wake-up (`cleanup.wakeup`): sleep until ``at``, then tick, which arms the next."""
-    from .wakeup import hold, sleep_until, woke
+def wake_task(at: str | dt.datetime | None = None) -> str:
+    """The engine's wake-up (`cleanup.wakeup`): before ``at``, start its timer and return (no
+    worker waits); at ``at``, tick, which arms the next."""
+    from .wakeup import wake
 
-    hold(at)
-    sleep_until(at)
-    woke(at)
-    return tick_task()
+    waiting = wake(at)
+    return waiting if waiting is not None else tick_task()
 
 
 @task
-def sweep_task():
+def sweep_task() -> str:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -86,11 +99,12 @@ def sweep_task():
     else:
         wake_when_due()
     notice_staff()
-    return result.line()
+    line: str = result.line()
+    return line
 
 
 @task
-def cleanup_run_task(run_id, actor=None):
+def cleanup_run_task(run_id: int, actor: str | None = None) -> str:
     from .models import Run
 
     run = Run.objects.filter(pk=run_id).first()
@@ -100,7 +114,7 @@ def cleanup_run_task(run_id, actor=None):
         return _cleanup_run(run, actor)
 
 
-def _cleanup_run(run, actor):
+def _cleanup_run(run: "Run", actor: str | None) -> str:
     from .sweep import Ahead, cleanup_run
 
     run_id = run.pk
@@ -115,7 +129,7 @@ def _cleanup_run(run, actor):
 
 
 @task
-def cleanup_runs_task(run_ids, actor=None):
+def cleanup_runs_task(run_ids: list[int], actor: str | None = None) -> str:
     """Several runs a person retried at once: one pass each, a moment apart (`clean_in_turn`)."""
     from .manual import clean_in_turn
 
@@ -124,7 +138,7 @@ def cleanup_runs_task(run_ids, actor=None):
     return f"cleaned {done} run(s) in turn"
 
 
-def wake_when_due():
+def wake_when_due() -> None:
     """Arm the engine's wake-up for the next work that falls due (`cleanup.wakeup`); never fails the task."""
     from .wakeup import arm_next
 
@@ -134,7 +148,7 @@ def wake_when_due():
         logger.exception("could not arm the next wake-up; the minute tick is the backstop")
 
 
-def notice_staff():
+def notice_staff() -> None:
     """Tell staff what changed (cleanup.alerts); never lets a mail or webhook fail the task."""
     from .alerts import notice
 
@@ -145,20 +159,20 @@ def notice_staff():
 
 
 @task
-def reconcile_task(module=None, restarted=False, backend=None):
-    from .reconcile import reconcile_all, reconcile_module
+def reconcile_task(module: str | None = None, restarted: bool = False, backend: str | None = None) -> dict[str, Any]:
+    """A reconcile of one module (its summary's values), or of every module (each one's by name)."""
+    from .reconcile import reconcile, reconcile_all
 
     if module is None:
         results = reconcile_all(restarted=restarted)
         return {name: vars(summary) for name, summary in results.items()}
-    summary = reconcile_module(module, restarted=restarted, backend=backend)
-    if restarted and summary.resurrected:
-        queue_sweep()
-    return vars(summary)
+    # As after a restart, it pays the backends' owed reconciles and queues the sweep for what came back.
+    values: dict[str, Any] = vars(reconcile(module, restarted=restarted, backend=backend))
+    return values
 
 
 @task
-def reconcile_owed_task(module, backend=""):
+def reconcile_owed_task(module: str, backend: str = "") -> str:
     """The reconcile a backend owes after a restart, sooner than the next tick; nothing
     when it is paid already or another worker is paying it (`cleanup.reconcile.pay_one`)."""
     from .models import ModuleHealth, backend_name
@@ -173,12 +187,40 @@ def reconcile_owed_task(module, backend=""):
 
 PRUNE_SCHEDULE_NAME = "events: prune"
 PRUNE_FUNC = "cleanup.tasks.prune_task"
+KEEPALIVE_SCHEDULE_NAME = "events: keepalive"
 
-# Each schedule the app keeps, by name: the tick every minute, the prune every hour.
-SCHEDULES = {
+# Each schedule the app keeps, by name: the tick every minute, the prune every hour, and the
+# dead-man's switch's renewals every minute, apart from the tick so that a slow tick
+# cannot starve them (rule 34).
+SCHEDULES: dict[str, dict[str, Any]] = {
     SCHEDULE_NAME: {"func": SCHEDULE_FUNC, "schedule_type": "I", "minutes": 1, "repeats": -1},
     PRUNE_SCHEDULE_NAME: {"func": PRUNE_FUNC, "schedule_type": "H", "minutes": None, "repeats": -1},
+    KEEPALIVE_SCHEDULE_NAME: {"func": KEEPALIVE, "schedule_type": "I", "minutes": 1, "repeats": -1},
 }
+# A renewal loop holds its worker at most this long before it queues the next (rule 34).
+KEEPALIVE_LOOP_S = 40
+
+
+@task
+def keepalive_task(loop: str | None = None, chained: bool = False) -> str:
+    """Renew the dead-man's switch sessions that are due (rule 34): a call per backend per
+    third of ``EVENT_DEADMAN_TTL_S``, cheap. A ttl whose third is shorter than the minute
+    schedule is kept by a loop that renews each session as it falls due, then queues itself
+    with its ``loop`` token to go on; a run that finds another loop holding the sessions
+    leaves them to it. (``chained`` is what tasks queued before the token said; unused.)"""
+    from .deadman import needs_loop
+    from .runner import keep_alive, keep_alive_loop
+    from .wakeup import clock_runs
+
+    renewals = keep_alive()
+    line = f"renewed {sum(r.renewed for r in renewals)} session(s), {sum(r.lapsed for r in renewals)} lapsed"
+    if not needs_loop() or not clock_runs():
+        return line
+    token = uuid.UUID(loop) if loop else uuid.uuid4()
+    if keep_alive_loop(KEEPALIVE_LOOP_S, token=token):
+        queue_keepalive(loop=str(token))
+    return line
+
 
 # The scheduled prune deletes at most this many batches a run: an hour's backlog of a
 # busy site in one go, and a first prune of years of history spread over hours.
@@ -186,13 +228,13 @@ PRUNE_TASK_BATCHES = 20
 
 
 @task
-def prune_task():
+def prune_task() -> str:
     from .retention import prune
 
     return prune(max_batches=PRUNE_TASK_BATCHES).line()
 
 
-def ensure_schedule(**kwargs):
+def ensure_schedule(**kwargs: Any) -> "Schedule":
     """Create or update the app's schedules, by name; running it again changes nothing.
 
     `Schedule.name` is not unique in django-q2, so two processes starting at once may
@@ -203,7 +245,7 @@ def ensure_schedule(**kwargs):
     return ensured[SCHEDULE_NAME]
 
 
-def _ensure_one(name, fields):
+def _ensure_one(name: str, fields: Mapping[str, Any]) -> "Schedule":
     from django_q.models import Schedule
 
     with transaction.atomic():
@@ -222,13 +264,18 @@ def _ensure_one(name, fields):
 
 
 @task
-def startup_task():
-    """What a worker queues when it starts: the schedule, then a reconcile of every module."""
+def startup_task() -> dict[str, Any]:
+    """What a worker queues when it starts: the schedule, then the dead-man's switch
+    sessions (first contact: what a backend gave back by itself is recorded as such before
+    a reconcile could call it gone, rule 34), then a reconcile of every module."""
+    from .runner import keep_alive
+
     ensure_schedule()
+    keep_alive()
     return reconcile_task()
 
 
-def on_worker_start(sender=None, proc_name=None, **kwargs):
+def on_worker_start(sender: object = None, proc_name: str | None = None, **kwargs: Any) -> None:
     """A worker that starts ensures the schedule and asks every module what is in force (rule 10)."""
     if proc_name == "MainProcess":
         # django-q2's sync mode runs a worker inside the caller for every task; that is

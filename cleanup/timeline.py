@@ -47,7 +47,12 @@ SLICES = 64
 TAIL = 0.05
 DOT, LANES = 5, 3
 MARKERS = 300
+# Moments the curves are also counted at, besides the slices: a run's end and its steps'
+# ends, so that what a step took is drawn where it took it, before the run's end, not at
+# the next slice after it.
+MOMENTS = 32
 MARKED: dict[str, tuple[str, str]] = {
+    LogKind.STEP_FAILED: ("step attempt failed", "#ba2121"),
     LogKind.CLEANUP_FAILED: ("failed attempt", "#ba2121"),
     LogKind.CLEANUP_RETRY: ("a person's retry", "#205067"),
     LogKind.CLEANUP_GAVE_UP: ("cleanup gave up", "#e07000"),
@@ -55,6 +60,8 @@ MARKED: dict[str, tuple[str, str]] = {
     LogKind.RUN_COMPLETED: ("run completed", "#666"),
     LogKind.RUN_CANCELLED: ("run cancelled", "#666"),
     LogKind.RUN_ABORTED: ("run aborted", "#666"),
+    # A backend's dead-man's switch gave back what the run held there (rule 34).
+    LogKind.BACKEND_LAPSED: ("the backend's switch gave back", "#b8860b"),
 }
 # The curves: what the run took, and how each row left the ledger, apart.
 CURVES: list[tuple[str, str | None, str, str]] = [
@@ -82,6 +89,7 @@ def svg(run: Run) -> SafeString:
         return LEFT + (WIDTH - LEFT - RIGHT) * min(max((t - start).total_seconds() / shown, 0), 1)
 
     cuts = [start + timedelta(seconds=length * i / SLICES) for i in range(SLICES + 1)]
+    cuts = sorted({*cuts, *(t for t in _moments(run) if start < t < end)})
     counts = rows.aggregate(
         **{f"t{i}": Count("id", filter=Q(created_at__lte=c)) for i, c in enumerate(cuts)},
         **{
@@ -92,7 +100,7 @@ def svg(run: Run) -> SafeString:
     )
     curves: list[tuple[str, list[int], str, str]] = []
     for name, state, color, dash in CURVES:
-        values = [counts[f"{state or 't'}{i}"] for i in range(SLICES + 1)]
+        values = [counts[f"{state or 't'}{i}"] for i in range(len(cuts))]
         if state is None or values[-1] or state == ResourceState.REVERTED:
             curves.append((name, values, color, dash))
     top = max(max(curves[0][1]), 1)
@@ -138,8 +146,15 @@ def svg(run: Run) -> SafeString:
     return mark_safe("".join(parts))  # every text in it went through escape()
 
 
+def _moments(run: Run) -> list[datetime]:
+    """The run's end and its first steps' ends (at most ``MOMENTS``)."""
+    ends = Step.objects.filter(run=run, finished_at__isnull=False).order_by("position")
+    found = [t for t in ends.values_list("finished_at", flat=True)[:MOMENTS] if t is not None]
+    return [*found, run.ended_at] if run.ended_at else found
+
+
 def _t(at: datetime) -> str:
-    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S")
+    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def _label(x: float, y: float, text: str, anchor: str = "start", color: str = "#333") -> str:
@@ -266,10 +281,16 @@ def _log_marks(run: Run, x: Across, completion_drawn: bool = False) -> list[str]
             skip_recovery = False
             continue
         name, color = MARKED[kind]
-        error = detail.get("error", "") if isinstance(detail, dict) else ""
+        error = (detail.get("error") or detail.get("reason") or "") if isinstance(detail, dict) else ""
         text = f"{name} at {_t(at)}" + (f": {error[:200]}" if error else "")
         cx = x(at)
-        if kind == LogKind.CLEANUP_FAILED:
+        if kind == LogKind.STEP_FAILED:
+            # A step's failed attempt, on the steps' line: a retried step's failure is seen too.
+            marks.append(
+                f'<path class="step-failed" d="M{cx - 4:.1f},{STEPS_Y - 4} l8,8 m0,-8 l-8,8" stroke="{color}" '
+                f'stroke-width="2"><title>{escape(text)}</title></path>'
+            )
+        elif kind == LogKind.CLEANUP_FAILED:
             marks.append(
                 f'<path d="M{cx - 4:.1f},{CLEANUP_Y - 4} l8,8 m0,-8 l-8,8" stroke="{color}" '
                 f'stroke-width="2"><title>{escape(text)}</title></path>'

@@ -8,70 +8,92 @@ falls due (a run's ``wake_at``: a wait, a step's backoff, a step held by a down 
 a ledger row's ``next_attempt_at``: a backoff, a resume spread after a mark-up), it arms
 a wake-up for that time:
 
-- due within ``SLEEP_MAX_S``: a wake task is queued now; it sleeps until the time, then
-  ticks (`cleanup.tasks.wake_task`). It holds one worker while it sleeps, at most
-  ``SLEEP_MAX_S``.
+- due within ``TIMER_MAX_S``: a wake task is queued now. It holds no worker while it
+  waits: in the worker's process it starts a timer (a thread of that process) and returns
+  at once; when the timer goes off, the wake task is queued again, now due, and ticks in
+  whichever worker is free (`cleanup.tasks.wake_task`). A cluster's workers are thus
+  always free for the passes, however many wake-ups are armed.
 - due later: one django-q2 schedule, ``events: wake`` (run once), is set early enough that
-  its 30 s scheduler queues the wake task before the time; the task sleeps the rest.
+  its 30 s scheduler queues the wake task before the time; the task sets its timer for the
+  rest.
 
-Many runs waiting at once hold one sleeping worker, not one each: the one `Wake` row says
-which time a wake task already sleeps towards, and only an earlier time takes it over (a
-conditional UPDATE). Every tick ends by arming the next wake-up from the data itself
-(`arm_next`), so a wake-up that lost to an earlier one, or whose task was lost, is armed
-again by the tick before it; the minute tick stays the backstop.
+Many runs waiting at once hold one timer, not one each: the one `Wake` row says which time
+a timer already waits for, and only an earlier time takes it over (a conditional UPDATE).
+Every tick ends by arming the next wake-up from the data itself (`arm_next`), so a
+wake-up that lost to an earlier one, or whose timer was lost with its process (a worker
+recycled or killed), is armed again by the tick before it; the minute tick stays the
+backstop. A wake-up made moot before its time (its rows forgiven, its run cancelled) costs
+one short task when the timer goes off: the tick it would run is skipped when nothing is
+due by then, and the next wake-up is armed instead.
 
 In django-q2's sync mode (the tests) a queued task runs in the caller, so there is no
-clock to sleep on: nothing is armed.
+clock to wait on: nothing is armed.
 May import: the models, conf and `enqueue`; imported by the runner, `outages` and the tasks.
 """
 
 import logging
-import time
+import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
 from . import rows
-from .conf import WAKE_SLEEP_MAX_S, max_revert_attempts
+from .conf import WAKE_TIMER_MAX_S, max_revert_attempts
 from .enqueue import WAKE, enqueue
 from .models import Resource, Run, RunStatus, Wake
 
 logger = logging.getLogger(__name__)
 
-# The longest a wake task sleeps, holding its worker.
-SLEEP_MAX_S = WAKE_SLEEP_MAX_S
+# The longest a wake task's timer waits before the task is queued again (a constant).
+TIMER_MAX_S = WAKE_TIMER_MAX_S
 # django-q2's scheduler looks for due schedules this often (its Sentinel's fixed cycle).
 SCHEDULER_EVERY_S = 30
 # A wake armed this long ago whose task never cleared it was lost: a later arm takes it over.
 LOST_AFTER_S = 30
+# A wake task this close to its time ticks at once rather than starting a timer.
+DUE_WITHIN_S = 0.05
 SCHEDULE_NAME = "events: wake"
 WAKE_ROW = 1
 
 
-def clock_runs():
-    """Is there a cluster to sleep in? Not in django-q2's sync mode, where a task runs in
+def clock_runs() -> bool:
+    """Is there a cluster to keep time in? Not in django-q2's sync mode, where a task runs in
     its caller (read from django-q2's configuration, which it reads once at import)."""
     from django_q.conf import Conf
 
     return not Conf.SYNC
 
 
-def next_due(now=None):
+def next_due(now: datetime | None = None) -> datetime | None:
     """The earliest time after ``now`` at which the engine has work: a running run's
     ``wake_at``, or a ledger row the sweep would claim once its ``next_attempt_at`` passes."""
     now = now or timezone.now()
-    run_at = Run.objects.filter(status=RunStatus.RUNNING, wake_at__gt=now).aggregate(at=Min("wake_at"))["at"]
-    max_attempts = max_revert_attempts()
-    row_at = Resource.objects.filter(rows.backing_off(now, max_attempts) & rows.in_automatic_sweep()).aggregate(
-        at=Min("next_attempt_at")
+    run_at: datetime | None = Run.objects.filter(status=RunStatus.RUNNING, wake_at__gt=now).aggregate(
+        at=Min("wake_at")
     )["at"]
+    max_attempts = max_revert_attempts()
+    row_at: datetime | None = Resource.objects.filter(
+        rows.backing_off(now, max_attempts) & rows.in_automatic_sweep()
+    ).aggregate(at=Min("next_attempt_at"))["at"]
     times = [at for at in (run_at, row_at) if at is not None]
     return min(times) if times else None
 
 
-def arm_next(now=None):
+def due_by(at: datetime, now: datetime | None = None) -> bool:
+    """Is any work due by ``at`` (or by now, when later)? A running run whose ``wake_at`` has
+    come, or a ledger row the automatic sweep may claim. A wake-up for ``at`` whose work was
+    made moot meanwhile (its rows forgiven or given back, its run cancelled) answers False."""
+    now = now or timezone.now()
+    until = max(at, now)
+    runs = Run.objects.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=until), status=RunStatus.RUNNING)
+    ledger = Resource.objects.filter(rows.claimable(until, max_revert_attempts()) & rows.in_automatic_sweep())
+    return runs.exists() or ledger.exists()
+
+
+def arm_next(now: datetime | None = None) -> datetime | None:
     """Arm the wake-up for the earliest work due after ``now`` (`next_due`); answers its time."""
     if not clock_runs():
         return None
@@ -82,21 +104,26 @@ def arm_next(now=None):
     return at
 
 
-def arm(at, now=None):
+def arm(at: datetime | None, now: datetime | None = None) -> str | None:
     """Make sure the engine wakes at ``at``; answers how: "queued", "scheduled", or None
     when a wake-up at or before it is already armed (or there is no clock)."""
     if at is None or not clock_runs():
         return None
     now = now or timezone.now()
-    if at - now > timedelta(seconds=SLEEP_MAX_S):
+    if at - now > timedelta(seconds=TIMER_MAX_S):
         return "scheduled" if _schedule(at) else None
     if not _take(at, now):
         return None
-    enqueue(WAKE, at=at.isoformat(), task_name=f"wake at {at.isoformat(timespec='seconds')}")
+    queue(at)
     return "queued"
 
 
-def _take(at, now):
+def queue(at: datetime) -> None:
+    """Queue the wake task for ``at``."""
+    enqueue(WAKE, at=at.isoformat(), task_name=f"wake at {at.isoformat(timespec='seconds')}")
+
+
+def _take(at: datetime, now: datetime) -> bool:
     """Take the `Wake` row for ``at`` when nothing earlier is armed; True for the winner."""
     free = Q(at__isnull=True) | Q(at__gt=at) | Q(at__lt=now - timedelta(seconds=LOST_AFTER_S))
     if Wake.objects.filter(free, pk=WAKE_ROW).update(at=at):
@@ -109,12 +136,12 @@ def _take(at, now):
         return False  # it exists, and holds a wake-up at or before this one
 
 
-def _schedule(at):
+def _schedule(at: datetime) -> bool:
     """Set the one ``events: wake`` schedule so that the scheduler queues a wake task before
     ``at``; an earlier one is left as it is (its tick arms the next). True when it changed."""
     from django_q.models import Schedule
 
-    fire_at = at - timedelta(seconds=SLEEP_MAX_S - 5)
+    fire_at = at - timedelta(seconds=TIMER_MAX_S - 5)
     fields = {
         "func": WAKE,
         "kwargs": repr({"at": at.isoformat()}),
@@ -136,30 +163,75 @@ def _schedule(at):
     return True
 
 
-def _parse(at):
+def parse(at: str | datetime | None) -> datetime | None:
+    """A wake task's ``at`` (an ISO time, as queued, or a datetime)."""
     return datetime.fromisoformat(at) if isinstance(at, str) else at
 
 
-def hold(at):
-    """A wake task about to sleep towards ``at`` takes the `Wake` row, so that a tick that
-    arms the same time meanwhile queues no second sleeper (the schedule queues its task
-    without the row)."""
-    at = _parse(at)
-    return bool(at) and clock_runs() and _take(at, timezone.now())
+def hold(at: datetime) -> bool:
+    """A wake task about to start its timer for ``at`` takes the `Wake` row, so that a tick
+    that arms the same time meanwhile queues no second wake task (the schedule queues its
+    task without the row)."""
+    return clock_runs() and _take(at, timezone.now())
 
 
-def sleep_until(at, sleep=None):
-    """Sleep until ``at`` (an ISO time or a datetime), at most ``SLEEP_MAX_S``; answers the
-    seconds slept."""
-    at = _parse(at)
-    seconds = min(SLEEP_MAX_S, (at - timezone.now()).total_seconds()) if at else 0
-    if seconds > 0:
-        (sleep or time.sleep)(seconds)
-        return seconds
-    return 0
+def start_timer(seconds: float, then: Callable[[], None]) -> None:
+    """Call ``then`` in ``seconds``, in a thread of this process: a daemon, so that a worker
+    django-q2 recycles or stops is not kept alive by it (its wake-up is then armed again
+    by a tick, `LOST_AFTER_S`)."""
+
+    def run() -> None:
+        try:
+            then()
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    timer = threading.Timer(seconds, run)
+    timer.daemon = True
+    timer.name = "events: wake timer"
+    timer.start()
 
 
-def woke(at):
+def wait_for(at: datetime, now: datetime | None = None) -> float:
+    """Start the timer that queues the wake task for ``at`` again once it is due (at most
+    ``TIMER_MAX_S`` from now: a wake task fired early by the schedule waits again); answers
+    the seconds it waits. Nothing here sleeps: the worker is free at once."""
+    now = now or timezone.now()
+    seconds = min(TIMER_MAX_S, (at - now).total_seconds())
+    hold(at)
+
+    def ring() -> None:
+        try:
+            queue(at)
+        except Exception:
+            logger.exception("could not queue the wake-up for %s; the tick is the backstop", at)
+
+    start_timer(seconds, ring)
+    return seconds
+
+
+def waits(at: datetime | None, now: datetime | None = None) -> bool:
+    """Is ``at`` still ahead, so that its wake task starts a timer rather than ticking?"""
+    now = now or timezone.now()
+    return at is not None and (at - now).total_seconds() > DUE_WITHIN_S
+
+
+def wake(at: str | datetime | None, now: datetime | None = None) -> str | None:
+    """The wake task for ``at``: while ``at`` is ahead, start its timer and answer so; once
+    due, free the `Wake` row and answer None, for the caller to tick, or, when the work it
+    was armed for is moot, arm the next wake-up and answer so (no tick)."""
+    when = parse(at)
+    now = now or timezone.now()
+    if when is not None and waits(when, now):
+        seconds = wait_for(when, now)
+        return f"wake at {when.isoformat()}: its timer goes off in {seconds:.1f} s"
+    woke(when)
+    if when is not None and not due_by(when, now):
+        arm_next(now)
+        return f"wake at {when.isoformat()}: nothing fell due, no tick"
+    return None
+
+
+def woke(at: datetime | None) -> int:
     """The wake task for ``at`` woke: a later time may now be armed."""
-    at = _parse(at)
     return Wake.objects.filter(pk=WAKE_ROW, at=at).update(at=None)

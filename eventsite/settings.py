@@ -1,7 +1,8 @@
 """Settings for the example site, read from the environment (docs/settings.md lists them).
 Imports the standard library, dj-database-url and Django's exceptions, `cleanup.conf`
 for the names of the engine's settings (their defaults live there, not here), and
-`eventsite.sandbox.fleet` (standard library only) to read ``SANDBOX_SHARDS``.
+`eventsite.sandbox.fleet` and `eventsite.arena.servers` (standard library only) to read
+``SANDBOX_SHARDS`` and ``ARENA_SERVERS``.
 
 Every value a deployment changes comes from an environment variable of the same name.
 The helpers below refuse values they cannot read, naming the variable, rather than
@@ -19,6 +20,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as engine_conf
+from eventsite.arena.servers import BadServers, parse_servers
 from eventsite.sandbox.fleet import BadShards, parse_shards
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -128,6 +130,7 @@ INSTALLED_APPS = [
     "cleanup",
     "eventsite.sandbox",
     "eventsite.luanti",
+    "eventsite.arena",
     "eventsite.bench",
 ]
 
@@ -145,7 +148,8 @@ MIDDLEWARE = [
     # A path with a NUL or another control character is a 404 before any view sees it.
     "cleanup.security.RefuseControlCharacterPaths",
     "csp.middleware.CSPMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # WhiteNoise's, passing every other request on to an async handler as it is (ASGI).
+    "eventsite.static.StaticFiles",
     # Before anything reads the body or answers HTML under /api/.
     "cleanup.api.errors.ApiErrorsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -159,20 +163,23 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # API answers are never stored by a browser or a proxy.
     "cleanup.security.NoStoreForApi",
+    # Each API user's standing against the throttle (cleanup.api.throttles), on every answer.
+    "cleanup.security.RateLimitHeaders",
     # Last: it answers a locked-out login (cleanup.admin.lockout).
     "axes.middleware.AxesMiddleware",
 ]
 
-# Logins: django-axes counts failures per username and refuses a locked-out username
-# for EVENT_LOGIN_COOLOFF_S even with the right password; its backend comes first.
+# Logins: django-axes counts failures per (username, client address) and refuses that
+# username from that address for EVENT_LOGIN_COOLOFF_S even with the right password, so
+# nobody locks a username (the superuser's) out from elsewhere; its handler also refuses
+# an address past EVENT_LOGIN_ADDRESS_FAILURE_LIMIT failures whatever the usernames
+# (cleanup.admin.lockout). Its backend comes first.
 AUTHENTICATION_BACKENDS = [
     "cleanup.admin.lockout.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# Per username only: counted per address too, every person behind one proxy or NAT
-# would be locked out by anyone's five typos (axes.W006 says so, and is silenced).
-AXES_LOCKOUT_PARAMETERS = ["username"]
-SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_HANDLER = "cleanup.admin.lockout.LockoutHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_FAILURE_LIMIT = "cleanup.admin.lockout.failure_limit"
 AXES_COOLOFF_TIME = "cleanup.admin.lockout.cooloff"
 AXES_LOCKOUT_CALLABLE = "cleanup.admin.lockout.lockout_response"
@@ -212,7 +219,9 @@ ROOT_URLCONF = "eventsite.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The site's own templates: the admin's branding, the login page, the 404 and 500
+        # pages; the reusable app keeps its own under cleanup/templates/.
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -225,6 +234,8 @@ TEMPLATES = [
 ]
 
 WSGI_APPLICATION = "eventsite.wsgi.application"
+# What the production recipe serves (README, "Running in production").
+ASGI_APPLICATION = "eventsite.asgi.application"
 
 
 # The app runs on PostgreSQL only (the system check cleanup.E020 refuses any other engine).
@@ -235,10 +246,24 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/eventsite"
 
 def _database():
     url = os.environ.get("DATABASE_URL", "").strip() or DEFAULT_DATABASE_URL
+    # DATABASE_POOL_MAX_SIZE: each process keeps a pool of at most this many connections,
+    # taken by a request for its queries and given back when it ends (what the ASGI recipe
+    # uses: an ASGI request's thread lives only as long as the request). Unset, each thread
+    # keeps its own connection for CONN_MAX_AGE (60 s).
+    pool = env_int("DATABASE_POOL_MAX_SIZE", 0)
+    if pool < 0:
+        raise ImproperlyConfigured(f"DATABASE_POOL_MAX_SIZE={pool} is below 0")
     try:
-        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        if pool:
+            config = dj_database_url.parse(url, conn_max_age=0)
+        else:
+            config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
     except (ValueError, dj_database_url.UnknownSchemeError) as exc:
         raise ImproperlyConfigured(f"DATABASE_URL cannot be read: {exc}") from None
+    if pool:
+        # A request waits up to 30 s for a connection of the pool (a burst queues), then fails
+        # (a 500) rather than queueing for ever.
+        config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool, "timeout": 30}
     # Behind PgBouncer in transaction mode a connection's server changes between
     # transactions: no server-side cursors, and no prepared statements for the finder.
     if env_bool("DATABASE_TRANSACTION_POOLER", False):
@@ -400,6 +425,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup.api.schema.refuse_unknown_fields",
+        "cleanup.api.schema.state_the_checks",
+        "cleanup.api.schema.document_conditionals",
         "cleanup.api.schema.declare_errors",
         "cleanup.api.idempotency.document_idempotency_key",
         "cleanup.api.throttles.document_throttles",
@@ -466,22 +493,28 @@ Q_CLUSTER = {
     **({"redis": REDIS_URL} if REDIS_URL else {"orm": "default"}),
 }
 
-# The API's throttle counts (cleanup.api.throttles) go in their own cache: on Redis when
-# REDIS_URL is set, so that every process and machine counts one user together; else in
-# each process's memory, where each process counts apart.
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "api_throttle": (
-        {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": f"{Q_CLUSTER['name']}:throttle",
-            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
-        }
-        if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
-    ),
-}
+# The counters every process of the site shares (`cleanup.conf.COUNTERS_CACHE`): the API's
+# throttles, the failed-token lockout and the error mail's bound. On Redis when REDIS_URL
+# is set; else in the database (the table the app's migration 0031 makes), never in one
+# process's memory, where each worker would count apart (`check --deploy` warns,
+# cleanup.W031). Nothing else of the site uses a cache.
+COUNTERS_CACHE = (
+    {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{Q_CLUSTER['name']}:counters",
+        # One connection pool per process (cleanup.limits.SharedRedisPool), not per request.
+        "OPTIONS": {
+            "pool_class": "cleanup.limits.SharedRedisPool",
+            "socket_timeout": 0.5,
+            "socket_connect_timeout": 0.5,
+        },
+    }
+    if REDIS_URL
+    # Django's database cache, each write one upsert (cleanup.limits.CountersCache).
+    else {"BACKEND": "cleanup.limits.CountersCache", "LOCATION": "cleanup_counters"}
+)
+CACHES = {"default": COUNTERS_CACHE, "counters": COUNTERS_CACHE}
 
 # The sandbox module's shards: SANDBOX_SHARDS, "name=url" pairs separated by commas
 # (north=http://127.0.0.1:7777,south=http://127.0.0.1:7778), each name a backend of the
@@ -499,3 +532,13 @@ SANDBOX_SHARD_TIMEOUT_MS = env_int("SANDBOX_SHARD_TIMEOUT_MS", 3000)
 LUANTI_WORLDS = os.environ.get("LUANTI_WORLDS", "")
 LUANTI_TIMEOUT_MS = env_int("LUANTI_TIMEOUT_MS", 10000)
 LUANTI_HEARTBEAT_STALE_S = env_float("LUANTI_HEARTBEAT_STALE_S", 5.0, 1.0, 3600.0)
+
+# The arena module (eventsite/arena, docs/arena.md): OpenArena servers over rcon,
+# `name=host:port` pairs, comma-separated (a lone bare host:port is the backend "").
+try:
+    ARENA_SERVERS = os.environ.get("ARENA_SERVERS", "")
+    parse_servers(ARENA_SERVERS)
+except BadServers as exc:
+    raise ImproperlyConfigured(f"ARENA_SERVERS: {exc}") from None
+ARENA_RCON_PASSWORD = os.environ.get("ARENA_RCON_PASSWORD", "")
+ARENA_TIMEOUT_MS = env_int("ARENA_TIMEOUT_MS", 2000)

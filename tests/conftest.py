@@ -33,12 +33,25 @@ def fresh_counters():
 
 
 @pytest.fixture(autouse=True)
-def fresh_cache():
-    """Each test starts with an empty cache: no failed token authentications or error mails
-    counted by an earlier test."""
-    from django.core.cache import cache
+def fresh_cache(request):
+    """Each test that may use the database starts with empty counters (`cleanup.limits`): no
+    failed token authentications, throttle counts or error mails of an earlier test. They
+    are the database's cache (Redis's with REDIS_URL), so a test without the database
+    cannot have counted any."""
+    from django.core.cache import caches
 
-    cache.clear()
+    from cleanup import limits
+    from cleanup.api import tokens
+
+    tokens.forget()
+    marker = request.node.get_closest_marker("django_db")
+    # A test marked with no database (``databases=[]``) may not query it, not even to clear it.
+    marked = marker is not None and marker.kwargs.get("databases") != []
+    uses_db = marked or {"db", "transactional_db", "django_db_reset_sequences"} & set(request.fixturenames)
+    if uses_db:
+        request.getfixturevalue("transactional_db" if "transactional_db" in request.fixturenames else "db")
+        for alias in {"default", limits.alias()}:
+            caches[alias].clear()
     yield
 
 
@@ -68,3 +81,18 @@ def world():
     world = {}
     registry.register_action(FakeAction(perform=Scripted(spawner(world)), revert=Scripted(despawner(world))))
     return world
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_session_left_on_the_test_database(django_db_setup, django_db_blocker):
+    """The test database can be dropped at the end: a session some test left open on it (the
+    change feed's listener of a live server's thread, a process a test started) is ended
+    first, so the drop does not fail and leave the database behind on the server."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,22 +27,16 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
+from eventsite.luanti import demo as luanti_demo
 from eventsite.luanti import install, mailbox
+from tests.servers import ServerProcess, free_udp_port
 
 BINARY = Path(os.environ.get("LUANTI_SERVER_BINARY", "/usr/games/minetestserver"))
 START_TIMEOUT_S = 30
 STALE_S = 2.0  # LUANTI_HEARTBEAT_STALE_S in tests: an outage is seen within two seconds
 
-CONFIG = """\
-bind_address = 127.0.0.1
-ipv6_server = false
-enable_ipv6 = false
-server_announce = false
-mg_name = singlenode
-secure.enable_security = true
-server_map_save_interval = 3600
-max_forceloaded_blocks = {max_forceloaded_blocks}
-"""
+# The demo's server config, and a bound on forceloaded blocks a test may lower.
+CONFIG = luanti_demo.CONFIG + "max_forceloaded_blocks = {max_forceloaded_blocks}\n"
 
 
 def missing_reason():
@@ -52,14 +45,10 @@ def missing_reason():
     return None
 
 
-def free_udp_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LuantiServer:
+class LuantiServer(ServerProcess):
     """One Luanti server on its own world: start, stop, kill, pause, and its mailbox state."""
+
+    stop_timeout = 15.0
 
     def __init__(self, root, name="", max_forceloaded_blocks=16):
         self.root = Path(root)
@@ -81,19 +70,7 @@ class LuantiServer:
     def start(self):
         assert self.process is None or self.process.poll() is not None, "already running"
         before = self.boot_id
-        command = [
-            str(BINARY),
-            "--world",
-            str(self.world),
-            "--gameid",
-            "minetest",
-            "--port",
-            str(self.port),
-            "--config",
-            str(self.config),
-            "--logfile",
-            str(self.root / "debug.txt"),
-        ]
+        command = luanti_demo.server_command(BINARY, self.world, self.port, self.config, self.root / "debug.txt")
         with open(self.root / "stdout", "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.boot_id = self.wait_heartbeat(other_than=before)
@@ -112,33 +89,11 @@ class LuantiServer:
             time.sleep(0.05)
         raise RuntimeError(f"the Luanti server's mod never beat within {timeout} s:\n{self.log()}")
 
-    def stop(self, sig=signal.SIGTERM, timeout=15.0):
-        """Stop the server (SIGTERM: it saves the map) and answer its exit status."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGCONT)  # a paused server cannot stop
-            self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout)
-        return self.process.returncode
-
-    def kill(self):
-        """``kill -9``: what the map had not saved is lost."""
-        return self.stop(signal.SIGKILL)
-
+    # stop (SIGTERM: it saves the map), kill (what the map had not saved is lost), pause and
+    # resume: `tests.servers.ServerProcess`.
     def restart(self, sig=signal.SIGTERM):
         self.stop(sig)
         return self.start()
-
-    def pause(self):
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self):
-        os.kill(self.process.pid, signal.SIGCONT)
 
     @contextlib.contextmanager
     def down(self):

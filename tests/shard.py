@@ -35,6 +35,8 @@ import httpx
 import pytest
 from django.test import override_settings
 
+from tests.servers import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 STARTED = re.compile(r"listening on (?P<url>http://\S+) boot_id=(?P<boot_id>\S+)")
 START_TIMEOUT_S = 15
@@ -71,17 +73,18 @@ class ShardProcess:
     def delete(self, path, **kwargs):
         return self.request("DELETE", path, **kwargs)
 
+    def switch(self):
+        """The shard's dead-man's switch: each session, what it holds, what it gave back."""
+        return self.get("/switch").json()["sessions"]
+
+    def lapses(self):
+        """What the switch gave back, one entry per session that lapsed."""
+        return [s["lapsed"] for s in self.switch() if s["lapsed"] is not None]
+
     def stop(self, sig=signal.SIGTERM, timeout=5.0):
         """Stop the process (by ``sig``, then by force) and answer its exit status."""
         self.http.close()
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        return self.process.returncode
+        return stop_process(self.process, sig, timeout, wake=False)
 
     def _wait_started(self):
         deadline = time.monotonic() + START_TIMEOUT_S

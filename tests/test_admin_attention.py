@@ -153,11 +153,13 @@ def test_a_placeholder_with_nothing_else_left_of_its_step_waits_for_a_person(cli
 
 
 def test_waiting_and_retrying_split_the_rows_of_ended_runs_exactly():
-    """`waiting_q` is written without negating `retrying_q` (for its plan); it must still be its
-    complement, over every state, attempt count and claim (live or run out, called or not)."""
+    """`waiting_q`, `retrying_q` and the rows left for later are written without negating each
+    other (for their plans); together they must still split the rows exactly, over every state, attempt count and claim
+    (live or run out, called or not)."""
     import itertools
 
     from cleanup.admin.lists import ended_unresolved, retrying_q, waiting_q
+    from cleanup.rows import left_for_later
 
     now = timezone.now()
     states = ["live", "reverting", "failed", "drifted", "reverted"]
@@ -165,6 +167,7 @@ def test_waiting_and_retrying_split_the_rows_of_ended_runs_exactly():
     claims["expired"] = {"claim_expires_at": now - timedelta(minutes=1)}
     expected_waiting = set()
     expected_retrying = set()
+    expected_left = set()
     for status, auto in itertools.product([RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.CANCELLED], [True, False]):
         run = make_run(status=status, auto_cleanup=auto)
         for state, retryable, attempts, claim, called in itertools.product(
@@ -185,9 +188,72 @@ def test_waiting_and_retrying_split_the_rows_of_ended_runs_exactly():
             # ran out, while it has attempts left or its dead claim never called.
             in_hand = state == "reverting" and (claim == "live" or attempts < 3 or not called)
             retried = in_hand or (state in ("live", "failed") and retryable and attempts < 3)
-            (expected_retrying if auto and retried else expected_waiting).add(r.pk)
+            # A run a person ended keeping its rows has them left for later, not given up.
+            (expected_left if not auto else expected_retrying if retried else expected_waiting).add(r.pk)
 
     rows = ended_unresolved().exclude(state="reverting", claim_expires_at__isnull=True)
     assert set(rows.filter(waiting_q(now, 3)).values_list("pk", flat=True)) == expected_waiting
     assert set(rows.filter(retrying_q(now, 3)).values_list("pk", flat=True)) == expected_retrying
-    assert expected_waiting and expected_retrying
+    assert set(rows.filter(left_for_later()).values_list("pk", flat=True)) == expected_left
+    assert expected_waiting and expected_retrying and expected_left
+
+
+def test_a_runs_page_and_its_alert_count_its_waiting_rows_as_the_index_does(client):
+    from cleanup import alerts
+
+    hunt = make_run(status=RunStatus.COMPLETED, name="wolf hunt", cleanup_status="incomplete")
+    failed_step(hunt, ["wolf-1", "wolf-2", "wolf-3"])  # with its placeholder, failed beside them
+    client.force_login(staffer())
+    index = client.get(reverse("admin:index")).content.decode()
+    run_page = client.get(reverse("admin:cleanup_run_change", args=[hunt.pk])).content.decode()
+
+    assert count(index, "count-waiting") == "3"
+    assert "<strong>3 unresolved</strong>" in run_page, "the placeholder counted beside its wolves"
+    assert alerts.describe(hunt, alerts.GAVE_UP)["unresolved_count"] == 3
+
+
+def test_every_count_of_a_runs_waiting_rows_says_what_the_index_says(client):
+    """The list of runs, the run's page (its heading, its states, its listed rows, its
+    cleanup confirmation) and the index count a step's placeholder beside its wolves once:
+    through the row owner's `counted_unresolved`, never as a fourth row."""
+    hunt = make_run(status=RunStatus.COMPLETED, name="wolf hunt", cleanup_status="incomplete")
+    placeholder, *_wolves = failed_step(hunt, ["wolf-1", "wolf-2", "wolf-3"])
+    client.force_login(staffer())
+    index = client.get(reverse("admin:index")).content.decode()
+    runs = client.get(reverse("admin:cleanup_run_changelist"))
+    page = client.get(reverse("admin:cleanup_run_change", args=[hunt.pk]))
+    confirm = client.post(
+        reverse("admin:cleanup_run_changelist"), {"action": "clean_up", "_selected_action": [hunt.pk]}
+    ).content.decode()
+
+    assert count(index, "count-waiting") == "3"
+    assert runs.context["cl"].result_list[0]._unresolved == 3
+    text = page.content.decode()
+    assert "<strong>3 unresolved</strong>" in text
+    assert re.search(r'id="row-counts">failed: 3 \(and 1 step placeholder', text), "the states add up to 4"
+    assert placeholder.pk not in {r.pk for r in page.context["rows"]}, "the placeholder listed as a fourth row"
+    assert "Showing" not in text, "3 rows listed of 4 said to be more"
+    assert "Rows reset: 3 failed." in confirm
+
+
+def test_a_running_runs_page_counts_what_it_holds_without_its_steps_placeholder(client):
+    raid = make_run(status=RunStatus.RUNNING, name="orc raid")
+    make_rows(make_step(raid), ["orc-1", "orc-2"])  # live, with their step's placeholder
+    client.force_login(staffer())
+    text = client.get(reverse("admin:cleanup_run_change", args=[raid.pk])).content.decode()
+
+    assert "2 held by the running run" in text
+    assert re.search(r'id="row-counts">live: 2 \(and 1 step placeholder', text)
+
+
+def test_a_persons_retry_says_it_reset_the_rows_the_page_counted():
+    from cleanup import manual
+    from cleanup.models import LogKind, RunLog
+
+    hunt = make_run(status=RunStatus.COMPLETED, name="wolf hunt", cleanup_status="incomplete")
+    placeholder, *_wolves = failed_step(hunt, ["wolf-1", "wolf-2", "wolf-3"])
+
+    assert manual.reset_for_person(hunt, "alice") == 3
+    assert RunLog.objects.get(run=hunt, kind=LogKind.CLEANUP_RETRY).detail["resources"] == 3
+    placeholder.refresh_from_db()
+    assert placeholder.revert_attempts == 0, "the placeholder was not reset with its wolves"

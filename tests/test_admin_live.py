@@ -273,8 +273,8 @@ def test_the_ledger_search_reads_a_window_never_the_whole_ledger(staffer, invasi
 
 def test_the_ledger_shows_what_a_row_is_from_its_payload(staffer, invasion):
     page = staffer.get(LEDGER).content.decode()
-    assert re.search(r'<td class="field-what">creature: <span title="troll at north-gate">troll at north-gate', page)
-    assert re.search(r'<td class="field-what">override: <span title="orc-camp 1.0 → 5.0">', page)
+    assert re.search(r'<td class="field-what">creature: <span class="what-words">troll at north-gate</span>', page)
+    assert re.search(r'<td class="field-what">override: <span class="what-words">orc-camp 1.0 → 5.0</span>', page)
 
 
 def test_a_row_waiting_for_its_backend_reads_waiting_with_why_on_a_line_of_its_own(staffer):
@@ -297,7 +297,7 @@ def test_a_row_at_its_ceiling_says_when_it_gave_up(staffer):
     rows = make_rows(make_step(run), ["wolf-1"], placeholder=False)
     Resource.objects.filter(pk=rows[0].pk).update(state="failed", revert_attempts=3)
     page = staffer.get(LEDGER).content.decode()
-    assert re.search(r"given up after 3 of 3 at \d\d:\d\d:\d\d", page)
+    assert re.search(r"given up after 3 of 3 at \d\d-\d\d \d\d:\d\d:\d\d UTC", page)
 
 
 # -- the log in words, recent actions that say what was done ----------------------------------
@@ -373,3 +373,52 @@ def test_a_rows_page_offers_nothing_without_cleanup_run_or_once_resolved(client,
     staff_with(client, "view_resource", "view_run")
     page = client.get(reverse("admin:cleanup_resource_change", args=[failed.pk])).content.decode()
     assert 'id="waive-row"' not in page and 'id="retry-run"' not in page
+
+
+# -- a fragment that did not change is not sent again ----------------------------------------
+
+
+def test_each_fragment_answers_304_with_no_body_while_nothing_changed_and_its_rows_once_they_do(staffer, invasion):
+    # The run's page holds a form (its CSRF token masked afresh on every answer): still unchanged.
+    ended = make_run(status=RunStatus.COMPLETED, name="wolf hunt", cleanup_status="incomplete")
+    make_rows(make_step(ended), ["wolf-1"], placeholder=False)
+    Resource.objects.filter(run=ended).update(state="failed", revert_attempts=3)
+    fragments = [
+        reverse("admin:cleanup_live_index"),
+        reverse("admin:cleanup_run_live", args=[ended.pk]),
+        reverse("admin:cleanup_resource_live") + "?needs=unresolved",
+        reverse("admin:cleanup_modulehealth_live"),
+    ]
+    for url in fragments:
+        first = staffer.get(url)
+        assert first.status_code == 200 and first["ETag"], url
+        again = staffer.get(url, headers={"If-None-Match": first["ETag"]})
+        assert again.status_code == 304, f"{url} sent again unchanged"
+        assert again.content == b"" and again["ETag"] == first["ETag"]
+
+    ledger = reverse("admin:cleanup_resource_live") + "?needs=unresolved"
+    before = staffer.get(ledger)
+    Resource.objects.filter(ref="wolf-1").update(last_error="refused: in combat")
+    after = staffer.get(ledger, headers={"If-None-Match": before["ETag"]})
+    assert after.status_code == 200 and after["ETag"] != before["ETag"]
+    assert "refused: in combat" in after.content.decode()
+    assert staffer.get(ledger, headers={"If-None-Match": '"something-else"'}).status_code == 200
+
+
+def test_the_index_fragment_carries_the_nights_charts_as_a_live_part_drawn_as_they_are_now(staffer, invasion):
+    from django.utils import timezone
+
+    registry.register_action(FakeAction())
+    try:
+        before = staffer.get(reverse("admin:cleanup_live_index")).content.decode()
+        assert 'id="night-charts" data-live-part' in before
+        assert re.search(r"rows given back per minute, the last hour \(highest \d+, total 0\)", before)
+        Resource.objects.filter(run=invasion, ref__startswith="orc").update(
+            state="reverted", resolved_at=timezone.now()
+        )
+        after = staffer.get(reverse("admin:cleanup_live_index")).content.decode()
+        assert "the last hour (highest 3, total 3)" in after
+        index = staffer.get(INDEX).content.decode()
+        assert index.count('id="night-charts"') == 1
+    finally:
+        registry.unregister_module("test")

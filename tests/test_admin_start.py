@@ -191,6 +191,15 @@ def holding_run():
     return run
 
 
+def test_end_now_shows_a_long_ref_whole_not_cut_at_forty_characters(client, holding_run):
+    long_ref = "world-north:mobs_animal:wolf:5f0c9a2e-8d1b-4c55-9e7a-000000000007"
+    Resource.objects.filter(run=holding_run, ref="orc-2").update(ref=long_ref)
+    client.force_login(staff("view_run", "change_run", name="ender"))
+    page = client.get(reverse("admin:cleanup_run_end", args=[holding_run.pk])).content.decode()
+    assert f'data-copy="{long_ref}"' in page and f'title="{long_ref}"' in page
+    assert "world-north:mobs_animal:wolf:5f0c…" not in page
+
+
 def test_end_now_lists_what_will_be_given_back_and_needs_change_run(client, holding_run):
     end = reverse("admin:cleanup_run_end", args=[holding_run.pk])
     client.force_login(staff("view_run", "add_run"))
@@ -204,7 +213,8 @@ def test_end_now_lists_what_will_be_given_back_and_needs_change_run(client, hold
     assert b'id="end-now"' in client.get(reverse("admin:cleanup_run_change", args=[holding_run.pk])).content
     page = client.get(end).content.decode()
     assert "It holds 3 row(s)" in page
-    assert "orc-1, orc-2" in page and "test.spawn.revert" in page
+    # Each ref whole, with its copy button.
+    assert 'data-copy="orc-1"' in page and 'data-copy="orc-2"' in page and "test.spawn.revert" in page
     assert "back to 1.0 (now 5.0)" in page, "the lease's restore is not listed"
     assert "1 step(s) not yet finished will not be performed" in page
     assert 'id="confirm-end"' in page
@@ -250,7 +260,7 @@ def test_the_cancel_action_lists_what_will_be_given_back_and_lands_on_the_run(
     url = reverse("admin:cleanup_run_changelist")
     selected = {"action": "cancel_with_cleanup", "_selected_action": [holding_run.pk]}
     asked = client.post(url, selected).content.decode()
-    assert "It holds 3 row(s); these are given back" in asked and "orc-1, orc-2" in asked
+    assert "It holds 3 row(s); these are given back" in asked and 'data-copy="orc-1"' in asked
     assert "back to 1.0 (now 5.0)" in asked
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(url, {**selected, "apply": "1"})

@@ -137,6 +137,22 @@ def test_a_key_longer_than_255_characters_or_empty_is_refused_400_naming_the_hea
     assert post(api, f"{API}runs/", START, key="k" * 255).status_code == 201
 
 
+def test_a_utf8_key_is_refused_as_past_ascii_and_a_control_character_as_one(api):
+    # The test client, like a WSGI server, hands a header's bytes over as ISO-8859-1.
+    utf8 = "clé-1".encode().decode("latin-1")  # "é" is 0xC3 0xA9: two characters past ASCII
+    response = post(api, f"{API}runs/", START, key=utf8)
+    assert response.status_code == 400
+    [message] = response.json()["errors"]["Idempotency-Key"]
+    assert "printable ASCII" in message and "byte 2 is past ASCII" in message and "control" not in message
+    # "ń" is 0xC5 0x84: its second byte reads as a C1 control, yet the key is named as past ASCII.
+    response = post(api, f"{API}runs/", START, key="ń".encode().decode("latin-1"))
+    assert "byte 0 is past ASCII" in response.json()["errors"]["Idempotency-Key"][0]
+    response = post(api, f"{API}runs/", START, key="a\x01b")
+    assert "byte 1 is a control character" in response.json()["errors"]["Idempotency-Key"][0]
+    assert Run.objects.count() == 0
+    assert post(api, f"{API}runs/", START, key="3f2c8e1a-0d4b-4c1e-9a57-7f3b2d9e6c10").status_code == 201
+
+
 def test_a_request_that_failed_with_a_server_error_lets_its_key_go(api, monkeypatch):
     real = runner.start_run
     calls = []

@@ -181,7 +181,7 @@ def test_the_summary_counts_runs_and_rows(api, ledger):
     assert body["runs"] == {
         "total": 3,
         "status": {"running": 1, "completed": 1, "cancelled": 0, "aborted": 1},
-        "cleanup_status": {"not_required": 3, "pending": 0, "complete": 0, "incomplete": 0},
+        "cleanup_status": {"not_required": 3, "pending": 0, "complete": 0, "incomplete": 0, "left": 0},
     }
     assert body["resources"] == {
         "total": 3,

@@ -193,3 +193,28 @@ def test_parallel_starts_at_the_quotas_edge_never_pass_it(monkeypatch):
         thread.join(60)
     assert sorted(outcomes) == ["refused"] * 5 + ["started"] * 3
     assert Run.objects.filter(status=RunStatus.RUNNING).count() == 3
+
+
+def test_every_counted_answer_says_the_users_standing_in_ratelimit_headers():
+    api = api_as(*EVERY, "view_moduleevent")
+    with rates(reads="3/min"):
+        first = api.get(f"{API}runs/")
+        assert first.status_code == 200
+        assert (first["RateLimit-Limit"], first["RateLimit-Remaining"]) == ("3", "2")
+        assert 0 < int(first["RateLimit-Reset"]) <= 60
+        assert first["RateLimit-Policy"] == "3;w=60"
+        # A 404 counts, and says so; the change feed's answers too.
+        assert api.get(f"{API}runs/999999/")["RateLimit-Remaining"] == "1"
+        feed = api.get(f"{API}changes/")
+        assert feed.status_code == 200 and feed["RateLimit-Remaining"] == "0"
+        refused = api.get(f"{API}summary/")
+        assert refused.status_code == 429
+        assert (refused["RateLimit-Limit"], refused["RateLimit-Remaining"]) == ("3", "0")
+        assert 0 < int(refused["RateLimit-Reset"]) <= 60
+
+
+def test_a_write_answers_the_writes_scope_standing():
+    api = api_as(*EVERY)
+    with rates(writes="7/min"):
+        answer = api.post(f"{API}runs/", {"name": "raid", "steps": []}, format="json")
+        assert answer["RateLimit-Limit"] == "7" and answer["RateLimit-Remaining"] == "6"

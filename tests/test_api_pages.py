@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from django.utils import timezone
 
-from cleanup.models import Resource, Run, RunStatus
+from cleanup.models import ModuleHealth, ModuleState, Resource, Run, RunStatus
 from tests.fakes import make_rows, make_run, make_step
 from tests.test_api_access import API, api_as
 
@@ -108,6 +108,14 @@ def test_a_bad_page_or_order_is_refused_naming_it(api, query, field):
     assert field in str(answer.json())
 
 
+def test_an_empty_cursor_is_refused_as_the_schema_says_telling_to_leave_it_out(api):
+    run = make_run()
+    for url in (f"{API}runs/?cursor=", f"{API}resources/?cursor=", f"{API}runs/{run.pk}/cleanup-plan/?cursor="):
+        answer = api.get(url)
+        assert answer.status_code == 400, url
+        assert answer.json()["errors"] == {"cursor": ["empty: leave cursor out for the first page"]}
+
+
 def test_a_cursor_of_one_order_is_refused_under_another(api):
     for _ in range(3):
         make_run()
@@ -180,6 +188,72 @@ def test_a_ledger_row_answers_an_etag_that_changes_when_it_is_waived(api):
     assert api.get(f"{API}resources/{row.pk}/", HTTP_IF_NONE_MATCH=tag).status_code == 200
 
 
+def test_a_list_page_answers_a_weak_etag_and_304_until_a_row_on_it_changes(api):
+    run = make_run(status=RunStatus.ABORTED)
+    rows = make_rows(make_step(run), ["orc-1", "orc-2"], placeholder=False)
+    url = f"{API}resources/?run={run.pk}"
+    first = api.get(url)
+    tag = first["ETag"]
+    assert tag.startswith('W/"')
+    make_run(status=RunStatus.RUNNING).log.create(kind="run.started", detail={})  # the feed moves on
+    same = api.get(url, HTTP_IF_NONE_MATCH=tag)
+    assert (same.status_code, same.content, same["ETag"]) == (304, b"", tag)
+    # The copy held is current as of the feed's position now: follow the feed from there.
+    assert same["X-Feed-Position"] == str(first.json()["position"])
+    assert api.get(url + "&page_size=1", HTTP_IF_NONE_MATCH=tag).status_code == 200  # another page
+    assert api.post(f"{API}resources/{rows[0].pk}/waive/", {"reason": "gone"}, format="json").status_code == 200
+    changed = api.get(url, HTTP_IF_NONE_MATCH=tag)
+    assert changed.status_code == 200 and changed["ETag"] != tag
+
+
+def test_the_modules_list_answers_304_while_no_backend_changed():
+    api = api_as("view_modulehealth")
+    ModuleHealth.objects.create(module="test")
+    tag = api.get(f"{API}modules/")["ETag"]
+    assert api.get(f"{API}modules/", HTTP_IF_NONE_MATCH=tag).status_code == 304
+    ModuleHealth.objects.filter(module="test").update(state=ModuleState.DOWN, last_error="the shard said 503")
+    assert api.get(f"{API}modules/", HTTP_IF_NONE_MATCH=tag).status_code == 200
+
+
+def test_a_write_with_a_stale_if_match_answers_412_and_changes_nothing(api):
+    run = make_run(status=RunStatus.RUNNING, name="raid")
+    tag = api.get(f"{API}runs/{run.pk}/")["ETag"]
+    Run.objects.filter(pk=run.pk).update(name="raid, renamed")  # someone else changed it since
+    stale = api.post(f"{API}runs/{run.pk}/cancel/", {"cleanup": False}, format="json", HTTP_IF_MATCH=tag)
+    assert stale.status_code == 412
+    body = stale.json()
+    assert body["code"] == "precondition_failed" and f"run {run.pk}" in body["detail"]
+    assert stale["ETag"] == api.get(f"{API}runs/{run.pk}/")["ETag"] != tag
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+    # A weak tag never matches an If-Match: the comparison is strong.
+    weak = api.post(
+        f"{API}runs/{run.pk}/cancel/", {"cleanup": False}, format="json", HTTP_IF_MATCH="W/" + stale["ETag"]
+    )
+    assert weak.status_code == 412
+
+
+def test_a_write_with_the_current_if_match_proceeds(api):
+    run = make_run(status=RunStatus.RUNNING, name="raid")
+    tag = api.get(f"{API}runs/{run.pk}/")["ETag"]
+    done = api.post(f"{API}runs/{run.pk}/cancel/", {"cleanup": False}, format="json", HTTP_IF_MATCH=f'"other", {tag}')
+    assert done.status_code == 200 and done.json()["status"] == "cancelled"
+    ended = make_run(status=RunStatus.ABORTED)
+    [row, other] = make_rows(make_step(ended), ["orc-1", "orc-2"], placeholder=False)
+    row_tag = api.get(f"{API}resources/{row.pk}/")["ETag"]
+    waived = api.post(f"{API}resources/{row.pk}/waive/", {"reason": "gone"}, format="json", HTTP_IF_MATCH=row_tag)
+    assert waived.status_code == 200 and waived.json()["state"] == "waived"
+    again = api.post(f"{API}resources/{row.pk}/waive/", {"reason": "gone"}, format="json", HTTP_IF_MATCH=row_tag)
+    assert again.status_code == 412  # the row changed: its tag is no longer the one sent
+    run_tag = api.get(f"{API}runs/{ended.pk}/")["ETag"]
+    body = {"reason": "gone", "rows": "all"}
+    assert api.post(f"{API}runs/{ended.pk}/waive/", body, format="json", HTTP_IF_MATCH='"stale"').status_code == 412
+    assert api.post(f"{API}runs/{ended.pk}/waive/", body, format="json", HTTP_IF_MATCH=run_tag).status_code == 200
+    assert api.post(f"{API}runs/{ended.pk}/cleanup/", {}, format="json", HTTP_IF_MATCH=run_tag).status_code == 412
+    assert api.post(f"{API}runs/{ended.pk}/cleanup/", {}, format="json", HTTP_IF_MATCH="*").status_code == 409
+    assert Resource.objects.get(pk=other.pk).state == "waived"
+
+
 # -- the cleanup plan -------------------------------------------------------------------
 
 
@@ -211,3 +285,49 @@ def test_the_cleanup_plan_is_paged_by_group_and_walked_once_while_rows_are_resol
     assert refs == [[r["ref"] for r in g["rows"]] for g in whole[:4]] + [["orc-3-b"]]
     assert api.get(f"{API}runs/{run.pk}/cleanup-plan/", {"page_size": "501"}).status_code == 400
     assert api.get(f"{API}runs/{run.pk}/cleanup-plan/", {"cursor": "x"}).status_code == 400
+
+
+# -- a walk by a time, and where the feed stood --------------------------------------------
+
+
+def test_a_walk_by_updated_at_that_a_waiver_overtakes_is_refused_naming_the_exact_orders():
+    """Newest change first, a row waived after the first page jumps ahead of the walk: it
+    would never be listed, so following `next` is refused instead."""
+    api = api_as("view_resource", "cleanup_run")
+    run = make_run(status=RunStatus.ABORTED)
+    rows = make_rows(make_step(run), [f"orc-{n}" for n in range(6)], placeholder=False)
+    for n, row in enumerate(rows):  # distinct times, oldest first
+        Resource.objects.filter(pk=row.pk).update(updated_at=timezone.now() - timedelta(minutes=10 - n))
+    first = api.get(f"{API}resources/?ordering=-updated_at&page_size=2").json()
+    read = {r["id"] for r in first["results"]}
+    unread = next(row for row in rows if row.pk not in read)
+    assert api.post(f"{API}resources/{unread.pk}/waive/", {"reason": "gone"}, format="json").status_code == 200
+    refused = api.get(first["next"])
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "walk_not_exact"
+    assert "id or -id" in refused.json()["detail"]
+    # By id the same walk is exact: the waived row is listed once.
+    seen = walk(api, f"{API}resources/?ordering=id&page_size=2")
+    assert sorted(seen) == sorted(row.pk for row in rows)
+
+
+def test_a_walk_by_updated_at_with_nothing_changed_goes_on(api):
+    run = make_run(status=RunStatus.ABORTED)
+    rows = make_rows(make_step(run), [f"orc-{n}" for n in range(5)], placeholder=False)
+    seen = walk(api, f"{API}resources/?ordering=-updated_at&page_size=2")
+    assert sorted(seen) == sorted(row.pk for row in rows)
+
+
+def test_a_list_says_where_the_feed_stood_before_it_was_read(api):
+    from cleanup.feed import position
+    from cleanup.models import RunLog
+
+    run = make_run(status=RunStatus.RUNNING)
+    RunLog.write(run.pk, "run.started")
+    seen_before = position()  # placed: the list's position is at least this
+    answer = api.get(f"{API}runs/")
+    stood = answer.json()["position"]
+    assert stood == int(answer["X-Feed-Position"]) >= seen_before
+    RunLog.write(run.pk, "run.cancelled")
+    after = api_as("view_runlog", "view_moduleevent", username="watcher").get(f"{API}changes/", {"after": stood})
+    assert [e["kind"] for e in after.json()] == ["run.cancelled"], "what changed after the list is in the feed"

@@ -92,6 +92,61 @@ def test_the_schema_names_each_backend(admin_client):
     assert {"202", "400", "404"} <= set(reconcile["responses"])
 
 
+def test_the_schema_states_what_the_server_checks_of_bodies_keys_and_cursors(admin_client):
+    import re
+
+    schema = admin_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    components, paths = schema["components"]["schemas"], schema["paths"]
+    reason = components["Waive"]["properties"]["reason"]
+    assert (reason["minLength"], reason["maxLength"]) == (1, 1000)
+    clean = re.compile(reason["pattern"])
+    assert clean.search("the shard was wiped") and clean.search("\ttabbed")
+    for refused in ("", "   ", "a\nb", "a\x00", "a\u202eb", "a\x85b"):
+        assert not clean.search(refused), repr(refused)
+    start = components["RunStart"]["properties"]
+    assert start["name"]["pattern"] == reason["pattern"] and start["name"]["minLength"] == 1
+    assert (start["steps"]["minItems"], start["steps"]["maxItems"]) == (1, 1000)
+    assert components["StepSpec"]["properties"]["action"]["minLength"] == 1
+    assert components["RunWaive"]["properties"]["reason"]["minLength"] == 1
+    assert components["MarkDown"]["properties"]["reason"]["minLength"] == 1
+
+    key = next(p for p in paths["/api/v1/events/runs/"]["post"]["parameters"] if p["name"] == "Idempotency-Key")
+    alphabet = re.compile(key["schema"]["pattern"])
+    assert alphabet.search("3f2c8e1a-0d4b-4c1e-9a57-7f3b2d9e6c10")
+    assert not any(alphabet.search(k) for k in ("clé", "a\x01", "   ", ""))
+
+    cursor = next(p for p in paths["/api/v1/events/runs/"]["get"]["parameters"] if p["name"] == "cursor")
+    assert cursor["schema"]["minLength"] == 1 and not re.search(cursor["schema"]["pattern"], "a+b")
+    backend = next(
+        p
+        for p in paths["/api/v1/events/modules/{name}/backends/{backend}/down/"]["post"]["parameters"]
+        if p["name"] == "backend"
+    )
+    assert all(re.search(backend["schema"]["pattern"], b) for b in ("north", "south east"))
+    assert not any(re.search(backend["schema"]["pattern"], b) for b in (" north", "a/b", "x\x00"))
+
+
+def test_every_operation_declares_every_error_it_can_answer_500_included(admin_client):
+    schema = admin_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert {"400", "401", "403", "429", "500"} <= set(responses), (method, path)
+            assert responses["500"]["content"] == error and "server_error" in responses["500"]["description"]
+            if method == "post":
+                assert {"413", "415", "422"} <= set(responses), (method, path)
+    writes = ("runs/{id}/cancel/", "runs/{id}/cleanup/", "runs/{id}/waive/", "resources/{id}/waive/")
+    for write in writes:
+        operation = schema["paths"][f"/api/v1/events/{write}"]["post"]
+        assert "If-Match" in {p["name"] for p in operation["parameters"]}, write
+        assert "precondition_failed" in operation["responses"]["412"]["description"], write
+    for listed in ("runs/", "resources/", "runs/{id}/resources/", "runs/{id}/log/", "modules/", "modules/log/"):
+        operation = schema["paths"][f"/api/v1/events/{listed}"]["get"]
+        assert "If-None-Match" in {p["name"] for p in operation["parameters"]}, listed
+        assert "304" in operation["responses"] and "ETag" in operation["responses"]["200"]["headers"], listed
+
+
 def test_the_schema_generates_without_warnings(tmp_path):
     # Fails on a warning such as an enum name collision (Run.status and Step.status both
     # want "StatusEnum"): SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] names them.
@@ -142,12 +197,13 @@ def without_made_up_cursor(case):
 
 @pytest.fixture
 def waits_pass_at_once(monkeypatch):
-    """The feed's long-polls (`?wait=` up to 30 s) wait on a clock that each pause moves on."""
-    from cleanup.api import feed
+    """The feed's long-polls (`?wait=` up to 30 s) end at once, with nothing new."""
+    from cleanup.api import waiting
 
-    now = [0.0]
-    monkeypatch.setattr(feed, "clock", lambda: now[0])
-    monkeypatch.setattr(feed, "pause", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    async def nothing_happens(after, limit, run, kinds, wait_s):
+        return []
+
+    monkeypatch.setattr(waiting, "wait_for_entries", nothing_happens)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import time_machine
 from django.test import override_settings
 from django.utils import timezone
 
-from cleanup import registry
+from cleanup import registry, rows
 from cleanup.models import Attempt, Resource, ResourceState
 from cleanup.sweep import sweep
 from tests.fakes import FakeAction, FakeLease, Scripted, make_lease_row, make_rows, make_run, make_step
@@ -18,7 +18,9 @@ DOWN = {"ok": False, "error": "shard is down", "retry": True}
 
 
 def history(row):
-    return [(a.number, a.outcome, a.error) for a in Attempt.objects.filter(resource=row)]
+    """The row's attempts as staff read them (the admin's row page, the archive of a pruned run)."""
+    row.refresh_from_db()
+    return [(a.number, a.outcome, a.error) for a in rows.history(row, Attempt.objects.filter(resource=row))]
 
 
 def test_it_records_each_attempt_of_a_row_newest_first():
@@ -105,13 +107,12 @@ def test_a_dead_claim_marked_with_its_wave_gets_its_attempt_back_and_is_called_a
     # Not released at the ceiling: the attempt is given back, and the suspect group is
     # claimed alone, so the pass gives back one of the two.
     assert first.summary.attempted == 1 and len(calls) == 1
-    rows = {r.ref: r for r in Resource.objects.filter(run=run)}
-    [called] = [r for r in rows.values() if r.state == ResourceState.REVERTED]
+    [called] = [r for r in Resource.objects.filter(run=run) if r.state == ResourceState.REVERTED]
     assert history(called) == [(3, "done", "")]
     with override_settings(EVENT_REVERT_MAX_ATTEMPTS=3):
         sweep()
     assert {r.state for r in Resource.objects.filter(run=run)} == {ResourceState.REVERTED}
-    assert [a.number for a in Attempt.objects.filter(resource__run=run)] == [3, 3]
+    assert [history(r) for r in Resource.objects.filter(run=run)] == [[(3, "done", "")], [(3, "done", "")]]
 
 
 def test_a_dead_claim_called_alone_has_spent_its_attempt():
@@ -164,3 +165,24 @@ def test_it_records_a_lease_handing_its_baseline_down():
 
     [(number, outcome, error)] = history(Resource.objects.get(pk=old_row.pk))
     assert (number, outcome) == (1, "done") and "handed its baseline down" in error
+
+
+def test_a_row_given_back_is_its_own_record_and_its_history_says_by_whom():
+    """A give-back writes no attempt row of its own: the row says it (reverted, its attempt's
+    number and time) and its pass's ``cleanup.swept`` entry says by whom; staff see it all."""
+    registry.register_action(FakeAction(revert=Scripted(DOWN, {"ok": True, "failed": []})))
+    run = make_run()
+    make_rows(make_step(run), ["orc-1"])
+
+    with override_settings(EVENT_REVERT_BACKOFF_S=0):
+        sweep(by="nightly")
+        sweep(by="alice")
+
+    orc = Resource.objects.get(run=run, ref="orc-1")
+    assert [(a.number, a.outcome) for a in Attempt.objects.filter(resource=orc)] == [(1, "retry")]
+    shown = rows.history(orc, Attempt.objects.filter(resource=orc))
+    assert [(a.number, a.outcome, a.at, a.by) for a in shown] == [
+        (2, "done", orc.resolved_at, "alice"),
+        (1, "retry", shown[1].at, "nightly"),
+    ]
+    assert shown[1].at < orc.resolved_at

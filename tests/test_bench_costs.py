@@ -30,6 +30,8 @@ METRICS = [
     "sweep_passes",
     "sweep_rows",
     "alerts_pending",
+    "reconciles_owed",
+    "oldest_owed_reconcile_seconds",
 ]
 
 

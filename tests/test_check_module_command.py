@@ -71,7 +71,7 @@ def test_it_prints_what_failed_and_exits_non_zero(shard_process, tmp_path):  # n
     )
     # 31 checks: the kit also checks backend_of, health() (up, its boot id, down) and the
     # shape of `failed`, and says it skipped the refusal (the command cannot make one).
-    assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 31 checks failed")
+    assert result.stderr.strip().splitlines()[-1].endswith("action kit.lying_revert: 5 of 36 checks failed")
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from cleanup import registry
+from cleanup import registry, rows
+from cleanup.models import Resource
 from cleanup.sweep import dispatch, sweep
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
 
@@ -61,8 +62,8 @@ def test_statements_per_group_fall_as_the_batch_grows(marked):
     ten = statements_for(2, 5, marked)
     made = runs_with(10, 25, rows=3)
 
-    # 250 groups (1,000 rows) in one batch: a few set-based statements, not a few per group;
-    # besides them, one statement per wave of calls started together marks them called.
+    # 250 groups (1,000 rows) in one batch: a few set-based statements, not a few per group.
+    # The claim marks its groups called together; no wave of calls needs a statement of its own.
     before = len(marked)
     with CaptureQueriesContext(connection) as captured:
         sweep()
@@ -73,7 +74,31 @@ def test_statements_per_group_fall_as_the_batch_grows(marked):
     assert others <= 2 * one
     assert one > ten / 10 > others / 250
     assert ten <= one
-    assert 250 / 8 <= waves <= 250, "each wave of at most 8 calls is marked once, before it starts"
+    assert waves == 0, "a claim of several groups marks them called itself, not one statement per wave"
+    assert set(Resource.objects.filter(run__in=made).values_list("claim_called", "claim_shared")) == {(True, True)}
+
+
+def test_a_group_claimed_alone_is_marked_called_alone_just_before_its_call(monkeypatch):
+    seen = []
+    real = rows.mark_called
+
+    def mark_called(where, params, shared=False):
+        seen.append(("marked", shared))
+        return real(where, params, shared=shared)
+
+    def revert(**kw):
+        seen.append(("called", kw["resources"][0]["ref"]))
+        return {"ok": True, "failed": []}
+
+    monkeypatch.setattr(rows, "mark_called", mark_called)
+    registry.register_action(FakeAction(revert=revert))
+    run = runs_with(1, 1)[0]
+
+    sweep()
+
+    # Not shared: a sweeper that dies in this call has spent its attempt (rule 20).
+    assert seen == [("marked", False), ("called", "r0-g0-0")]
+    assert set(states(run).values()) == {"reverted"}
 
 
 def test_a_batch_of_every_outcome_is_written_with_the_statements_of_one_group_and_one_more(marked):

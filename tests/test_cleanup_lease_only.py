@@ -25,7 +25,7 @@ def test_it_restores_a_lease_only_run_from_its_row_alone():
     assert row.revert_attempts == 1
     run.refresh_from_db()
     assert run.cleanup_status == CleanupStatus.COMPLETE
-    assert log_kinds(run) == ["cleanup.reverted", "cleanup.swept"]
+    assert log_kinds(run) == ["cleanup.reverted", "cleanup.swept", "cleanup.completed"]
 
 
 def test_it_leaves_a_terminal_run_without_rows_not_required():

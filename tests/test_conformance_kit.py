@@ -2,6 +2,7 @@
 broken module breaks."""
 
 import contextlib
+import time
 import uuid
 
 import pytest
@@ -335,3 +336,73 @@ def test_a_revert_that_names_refused_refs_without_reasons_passes_and_is_told(on_
 def test_it_skips_the_refusal_when_it_cannot_make_the_backend_refuse(on_shard):
     report = testing.run_action_checks(kit.HonestSpawn(), PARAMS, outage=None)
     assert statuses(report)["revert names what the backend refused as failed and gives back the rest"] == "skip"
+
+
+def test_it_passes_the_sandbox_shards_switch_which_gives_back_on_time(on_shard):
+    report = testing.run_action_checks(registry.get_action("sandbox.spawn"), PARAMS, outage=None)
+    assert report.ok, report.lines()
+    assert statuses(report)[SWITCH] == "ok"
+    assert event_creatures(on_shard) == []
+
+
+def test_it_fails_a_module_whose_backend_does_not_give_back_on_time(on_shard):
+    report = testing.run_action_checks(kit.SwitchThatNeverFires(), PARAMS, outage=None)
+    assert SWITCH in failed(report)
+    assert "the next keepalive answers that the session lapsed, naming what was given back" in failed(report)
+    # The kit still gave back what it made, itself.
+    assert event_creatures(on_shard) == []
+
+
+SWITCH = "with no keepalive for 3 s, the backend gives back by itself what was performed under the session"
+# -- the silent outage and the paced burst ------------------------------------------------
+
+
+def test_the_silent_outage_drops_what_is_sent_and_times_out_reads():
+    import socket as socket_module
+
+    from cleanup.testing import network_silent
+
+    with socket_module.socket(socket_module.AF_INET, socket_module.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(0.3)
+        with network_silent(), socket_module.socket(socket_module.AF_INET, socket_module.SOCK_DGRAM) as client:
+            client.connect(server.getsockname())
+            client.settimeout(0.2)
+            assert client.send(b"ping") == 4
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                client.recv(100)
+            assert time.monotonic() - began >= 0.15
+        with pytest.raises(TimeoutError):
+            server.recv(100)  # nothing was really sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_past_a_backend_limit_stricter_than_max_rate_fails_the_paced_check():
+    from cleanup.testing.backends import PACED
+
+    answered = []
+
+    class Strict(registry.Action):
+        id = "strict.ping"
+        module = "strict"
+        max_rate = 50.0  # the backend takes far fewer than it declares
+        max_burst = 2
+
+        def perform(self, **kwargs):
+            return {"ok": True, "resources": []}
+
+        def health(self, *, backend=""):
+            answered.append(time.monotonic())
+            if len(answered) > 3:
+                return {"ok": False, "error": "dropped", "retry": True, "unavailable": True}
+            return {"ok": True, "boot_id": "b1"}
+
+    from cleanup.testing.backends import check_paced_burst
+    from cleanup.testing.report import Caller
+
+    entry = Strict()
+    report = testing.Report("strict")
+    check_paced_burst(report, Caller(entry, ""), entry)
+    assert not report.ok
+    assert [c.name for c in report.checks] == [PACED]

@@ -15,19 +15,12 @@ from cleanup.runner import cancel_run, start_run, tick
 from cleanup.sweep import sweep
 from eventsite.luanti.module import SPAWN
 from tests import luanti as luanti_helpers
+from tests.story import QUICK, finished, hold, refs, sweep_until
 
 luanti_server = luanti_helpers.luanti_server
 
 # A real server may stall now and then (see tests/test_luanti_kit.py): one rerun.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.flaky(reruns=1, reruns_delay=2)]
-
-QUICK = {
-    "EVENT_REVERT_BACKOFF_S": 0,
-    "EVENT_STEP_BACKOFF_S": 0,
-    "EVENT_OUTAGE_AFTER": 1,
-    "EVENT_OUTAGE_PROBE_S": 1,
-    "EVENT_OUTAGE_SPREAD_S": 0,
-}
 
 
 @pytest.fixture
@@ -49,37 +42,8 @@ def lease(value, name="luanti.time_speed", target="default"):
     return {"action": "core.lease", "params": {"lease": name, "target": target, "value": value}}
 
 
-def hold(seconds=3600):
-    return {"action": "core.wait", "params": {"seconds": seconds}}
-
-
-def refs(run, kind="creature", state=None):
-    rows = Resource.objects.filter(run=run, kind=kind)
-    if state:
-        rows = rows.filter(state=state)
-    return sorted(rows.values_list("ref", flat=True))
-
-
 def setting(server, name="time_speed"):
     return server.call("setting", setting=name)["value"]
-
-
-def sweep_until(done, timeout=30.0):
-    """Sweep until ``done()`` (the engine's own passes, a second apart at most)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "the rows were not given back in time"
-        sweep()
-        if not done():
-            time.sleep(0.5)
-
-
-def finished(run):
-    def check():
-        run.refresh_from_db()
-        return run.cleanup_status == CleanupStatus.COMPLETE
-
-    return check
 
 
 def test_a_completed_run_and_a_cancelled_one_leave_nothing_in_the_world(world):

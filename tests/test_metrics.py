@@ -3,11 +3,15 @@
 import os
 import subprocess
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup import counters, outages, registry
@@ -73,6 +77,28 @@ def test_the_names_and_labels_after_a_night_with_a_down_backend_and_a_failed_row
     assert [s.value for s in inf] == [1]
     assert samples(families["eventsite_sweep_passes"], "eventsite_sweep_passes_total")[()] >= 1
     assert samples(families["eventsite_sweep_rows"], "eventsite_sweep_rows_total") == {(("verdict", "failed"),): 2}
+
+
+def test_the_reconciles_owed_after_restarts_are_counted_with_the_age_of_the_oldest(client):
+    families = scrape(client)
+    assert samples(families["eventsite_reconciles_owed"]) == {(): 0}
+    assert samples(families["eventsite_oldest_owed_reconcile_seconds"]) == {(): 0}
+
+    start = timezone.now()
+    with time_machine.travel(start - timedelta(minutes=20), tick=False):
+        outages.owe_reconcile("sandbox", "north")
+    outages.owe_reconcile("sandbox", "south")
+    outages.owe_reconcile("sandbox", "north")  # a second restart keeps the oldest debt's time
+    with time_machine.travel(start, tick=False):
+        families = scrape(client)
+    assert samples(families["eventsite_reconciles_owed"]) == {(): 2}
+    assert samples(families["eventsite_oldest_owed_reconcile_seconds"]) == {(): 20 * 60}
+
+    health = ModuleHealth.objects.get(module="sandbox", backend="north")
+    outages.clear_owed(health, uuid.uuid4())  # its reconcile finished
+    families = scrape(client)
+    assert samples(families["eventsite_reconciles_owed"]) == {(): 1}
+    assert 0 < samples(families["eventsite_oldest_owed_reconcile_seconds"])[()] < 20 * 60
 
 
 def test_a_call_that_raises_or_runs_out_of_budget_is_counted_so(client, settings):

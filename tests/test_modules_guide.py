@@ -52,5 +52,5 @@ def test_the_walkthrough_module_passes_the_kit(shard_process, tmp_path):  # noqa
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "action horde.summon: all 29 checks passed"
-    assert "`action horde.summon: all 29 checks passed`" in GUIDE.read_text()
+    assert result.stdout.strip().splitlines()[-1] == "action horde.summon: all 31 checks passed"
+    assert "`action horde.summon: all 31 checks passed`" in GUIDE.read_text()

@@ -1,6 +1,7 @@
 """The site in production: the README's environment passes `check --deploy`, gunicorn serves
 it with WhiteNoise, `/healthz` tells a load balancer whether it can work, failures are logged."""
 
+import asyncio
 import os
 import re
 import shlex
@@ -241,6 +242,37 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def documented_gunicorn():
+    """The README's gunicorn command, as it gives it (its arguments after the program)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Running in production", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"\.venv/bin/gunicorn (.*)", section.replace("\\\n", " ")).group(1)
+    return shlex.split(command)
+
+
+def start_gunicorn(tmp_path, env, port, workers="1"):
+    """gunicorn as the README starts it, on ``port`` with ``workers`` workers."""
+    arguments = documented_gunicorn()
+    assert "uvicorn_worker.UvicornWorker" in arguments and arguments[0] == "eventsite.asgi:application"
+    arguments[arguments.index("--bind") + 1] = f"127.0.0.1:{port}"
+    arguments[arguments.index("--workers") + 1] = workers
+    log = (tmp_path / "gunicorn.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", *arguments], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    return process, log
+
+
+def first_healthz(base, process, tmp_path):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=5)
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise AssertionError((tmp_path / "gunicorn.log").read_text())
+
+
 def database_url():
     db = connection.settings_dict
     auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
@@ -263,20 +295,10 @@ def test_gunicorn_serves_healthz_and_static_files_with_the_documented_environmen
             "STATIC_ROOT": str(static),
         }
     )
-    gunicorn = [sys.executable, "-m", "gunicorn", "eventsite.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
-    log = (tmp_path / "gunicorn.log").open("w")
-    process = subprocess.Popen(gunicorn, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process, log = start_gunicorn(tmp_path, env, port)
     try:
         base = f"http://127.0.0.1:{port}"
-        response = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                response = httpx.get(f"{base}/healthz", timeout=5)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert response is not None, (tmp_path / "gunicorn.log").read_text()
+        response = first_healthz(base, process, tmp_path)
         assert (response.status_code, response.text) == (200, "ok\n")
         static_file = httpx.get(f"{base}/static/probe.txt", timeout=5, headers={"X-Forwarded-Proto": "https"})
         assert (static_file.status_code, static_file.text) == (200, "served by whitenoise")
@@ -324,3 +346,61 @@ def test_a_burst_of_other_task_results_keeps_the_last_ticks_result(monkeypatch):
 
     assert Success.objects.filter(func="cleanup.tasks.tick_task").count() == 1
     assert Success.objects.filter(func="cleanup.tasks.cleanup_run_task").count() == 3
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_consoles_waiting_on_the_feed_hold_no_worker_under_the_documented_recipe(tmp_path):
+    """One worker, more waiting consoles than any thread pool: /healthz and a list still
+    answer while they wait, and each console is told of the change, as JSON."""
+    from cleanup.api.tokens import issue
+    from cleanup.feed import position
+    from cleanup.models import RunLog, RunStatus
+    from tests.fakes import make_run
+
+    cluster_ran_the_tick(ago_s=0)
+    run = make_run(status=RunStatus.RUNNING, name="raid")
+    _, key = issue(user_with("view_runlog", "view_moduleevent", "view_run", username="console"))
+    since = position()
+    port = free_port()
+    env = site_environment(
+        **{
+            **documented_environment(),
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "DATABASE_URL": database_url(),
+            "SECURE_SSL_REDIRECT": "0",
+            "API_THROTTLE_READS": "off",
+        }
+    )
+    process, log = start_gunicorn(tmp_path, env, port)
+    base = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Token {key}"}
+    try:
+        first_healthz(base, process, tmp_path)
+
+        async def consoles():
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(base_url=base, headers=headers, timeout=40, limits=limits) as client:
+                polls = [
+                    asyncio.create_task(client.get("/api/v1/events/changes/", params={"after": since, "wait": 30}))
+                    for _ in range(40)
+                ]
+                await asyncio.sleep(2)
+                assert not any(p.done() for p in polls), [p.result().text for p in polls if p.done()]
+                healthz = await client.get("/healthz")
+                runs = await client.get("/api/v1/events/runs/")
+                still_waiting = sum(not p.done() for p in polls)
+                await asyncio.to_thread(RunLog.write, run.pk, "run.cancelled", by="ann")
+                answers = await asyncio.gather(*polls)
+                return healthz, runs, still_waiting, answers
+
+        healthz, runs, still_waiting, answers = asyncio.run(consoles())
+        assert (healthz.status_code, runs.status_code) == (200, 200)
+        assert still_waiting == 40, "the list and /healthz were answered while every console waited"
+        assert {a.status_code for a in answers} == {200}
+        assert all(a.headers["Content-Type"] == "application/json" for a in answers)
+        assert all([e["kind"] for e in a.json()] == ["run.cancelled"] for a in answers)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()

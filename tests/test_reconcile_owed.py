@@ -4,9 +4,11 @@ without a cluster; only a reconcile that finished clears its debt, and only its 
 
 import uuid
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 import time_machine
+from django.core.management import call_command
 from django.db import OperationalError, connection
 from django.test import override_settings
 from django.utils import timezone
@@ -15,6 +17,7 @@ from cleanup import outages, reconcile, registry
 from cleanup.models import ModuleHealth, Resource
 from cleanup.runner import tick
 from cleanup.sweep import sweep
+from tests.test_api_access import API, api_as
 from tests.test_fleet_backends import Fleet, ended_run, rows_of
 
 pytestmark = pytest.mark.django_db
@@ -279,3 +282,56 @@ def test_staff_see_an_owed_reconcile_on_the_module_page_and_in_the_api(fleet, cl
     reconcile.pay_owed()
     assert 'class="reconcile-owed"' not in client.get(reverse("admin:cleanup_modulehealth_changelist")).content.decode()
     assert (north()["restarts_seen"], north()["reconcile_owed_since"]) == (1, None)
+
+
+def south_owes_too(fleet):
+    seen_first(fleet, "south")
+    fleet.boot["south"] = "boot-s2"
+    assert outages.note_boot("fleet", "south", "boot-s2") is True
+
+
+def test_a_persons_reconcile_as_after_a_restart_pays_the_debts_of_the_backends_it_covers(fleet):
+    run = restarted_with_rows_back(fleet)
+    outages.note_boot("fleet", "north", fleet.boot["north"])
+    south_owes_too(fleet)
+    since = health().reconcile_owed_since
+
+    with time_machine.travel(since + timedelta(hours=1)):  # paid late: it looks back from the restart
+        call_command("reconcile", "--module", "fleet", "--restarted", stdout=StringIO())
+
+    assert health().reconcile_owed_since is None and health("south").reconcile_owed_since is None
+    assert health().reconcile_claim_token is None
+    assert Resource.objects.filter(run=run, resurrected_from__isnull=False).count() == 2
+    assert tick().owed.paid == 0, "the tick found nothing left to pay"
+
+
+def test_a_plain_reconcile_leaves_the_debt_of_a_restart(fleet):
+    restarted_with_rows_back(fleet)
+    outages.note_boot("fleet", "north", fleet.boot["north"])
+    call_command("reconcile", "--module", "fleet", stdout=StringIO())
+    assert health().reconcile_owed_since is not None, "a reconcile without the look-back paid a restart's debt"
+
+
+def test_a_persons_reconcile_the_backend_left_unanswered_leaves_its_debt(fleet):
+    restarted_with_rows_back(fleet)
+    outages.note_boot("fleet", "north", fleet.boot["north"])
+    fleet.down.add("north")
+    call_command("reconcile", "--module", "fleet", "--restarted", stdout=StringIO())
+    assert health().reconcile_owed_since is not None
+
+
+def test_the_apis_reconcile_of_one_backend_as_after_a_restart_pays_its_debt_alone(
+    fleet, django_capture_on_commit_callbacks
+):
+    run = restarted_with_rows_back(fleet)
+    outages.note_boot("fleet", "north", fleet.boot["north"])
+    south_owes_too(fleet)
+    client = api_as("cleanup_run")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client.post(API + "modules/fleet/backends/north/reconcile/", {"restarted": True}, format="json")
+
+    assert answer.status_code == 202
+    assert health().reconcile_owed_since is None
+    assert health("south").reconcile_owed_since is not None, "a reconcile of north paid south's debt"
+    assert Resource.objects.filter(run=run, resurrected_from__isnull=False).count() == 2

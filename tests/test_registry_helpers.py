@@ -1,15 +1,18 @@
-"""`registry.never_raises` and `registry.terminal`: a module's callables answer, never raise.
+"""The public registry's helpers for a module's callables: `never_raises`, `terminal`,
+`retry`, `refs_of`, `chunks` and `lapsed`.
 
-Both example modules use these two helpers of the public registry (docs/modules.md, *The
-envelope*); the engine reads their answers through `cleanup.calls` like any other.
+The example modules use them (docs/modules.md, *The envelope*) and keep no copy of their
+own; the engine reads their answers through `cleanup.calls` like any other.
 """
 
 import inspect
 import logging
+import re
 
 import pytest
 
 from cleanup import calls, registry
+from eventsite.arena import module as arena_module
 from eventsite.luanti import module as luanti_module
 from eventsite.sandbox import module as sandbox_module
 
@@ -117,13 +120,76 @@ def test_terminal_is_a_failure_only_a_person_can_help_with():
     assert "no spawner is named 'bat-cave'" in verdict.error
 
 
-@pytest.mark.parametrize("example", [sandbox_module, luanti_module], ids=["sandbox", "luanti"])
+@pytest.mark.parametrize("example", [sandbox_module, luanti_module, arena_module], ids=["sandbox", "luanti", "arena"])
 def test_the_example_modules_use_the_registrys_helpers_and_keep_no_copy(example):
     assert example.never_raises is registry.never_raises
     assert example.terminal is registry.terminal
     source = inspect.getsource(example)
-    assert "def never_raises" not in source
-    assert "def terminal" not in source
+    for helper in ("never_raises", "terminal", "retry", "refs_of", "chunks", "lapsed"):
+        assert f"def {helper}(" not in source and f"def _{helper}(" not in source
+    assert "fromtimestamp" not in source  # a lapse is spelled by `registry.lapsed`
+
+
+def test_retry_is_a_failure_to_try_again_and_unavailable_blames_the_backend():
+    answer = registry.retry("the shard answered a spawn in a shape it should not")
+    down = registry.retry("the server did not answer", unavailable=True)
+
+    assert answer == {"ok": False, "error": "the shard answered a spawn in a shape it should not", "retry": True}
+    assert down == {"ok": False, "error": "the server did not answer", "retry": True, "unavailable": True}
+    assert calls.classify_revert(calls.Answer(raw=answer), "x revert").outcome == calls.Outcome.RETRY
+
+
+def test_refs_of_answers_each_ref_once_in_order():
+    resources = [{"kind": "bot", "ref": "b"}, {"kind": "bot", "ref": "a", "payload": {}}, {"ref": "b"}]
+
+    assert registry.refs_of(resources) == ["b", "a"]
+    assert registry.refs_of([]) == []
+
+
+@pytest.mark.parametrize(
+    ("resources", "named"),
+    [
+        ("cr-1", "resources must be a list, not str"),
+        ([{"kind": "bot"}], "a resource without a ref: {'kind': 'bot'}"),
+        ([{"ref": "  "}], "a resource without a ref"),
+        (["cr-1"], "a resource without a ref: 'cr-1'"),
+    ],
+)
+def test_refs_of_refuses_a_list_it_cannot_read_naming_what_is_wrong(resources, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        registry.refs_of(resources)
+
+
+def test_chunks_splits_in_order_into_lists_of_at_most_size():
+    assert registry.chunks(["a", "b", "c", "d", "e"], 2) == [["a", "b"], ["c", "d"], ["e"]]
+    assert registry.chunks(("a", "b"), 5) == [["a", "b"]]
+    assert registry.chunks([], 3) == []
+
+
+@pytest.mark.parametrize("size", [0, -1, True, 1.5, "2"])
+def test_chunks_refuses_a_size_that_is_not_a_positive_whole_number(size):
+    with pytest.raises(ValueError, match="size must be a positive whole number"):
+        registry.chunks(["a"], size)
+
+
+def test_lapsed_spells_a_keepalives_answer_with_the_time_in_iso_8601():
+    answer = registry.lapsed(given_back=["cr-1"], kept={"cr-2": "in combat"}, at=1_700_000_000, silent_s=12)
+
+    assert answer == {
+        "ok": True,
+        "lapsed": {
+            "at": "2023-11-14T22:13:20+00:00",
+            "silent_s": 12.0,
+            "given_back": ["cr-1"],
+            "kept": {"cr-2": "in combat"},
+        },
+    }
+
+
+def test_lapsed_answers_none_for_a_time_the_backend_could_not_tell():
+    answer = registry.lapsed(given_back=[], kept={}, at="yesterday", silent_s=None)
+
+    assert answer["lapsed"]["at"] is None and answer["lapsed"]["silent_s"] is None
 
 
 def test_the_luanti_module_answers_a_bad_param_as_terminal_and_a_crash_as_a_retry(monkeypatch):
@@ -155,3 +221,15 @@ def test_the_sandbox_module_answers_a_crash_of_its_client_as_a_retry(monkeypatch
 
     assert answer == {"ok": False, "error": "sandbox.spawn revert failed: RuntimeError: no client", "retry": True}
     assert calls.backend_kwargs(sandbox_module.SPAWN.revert, "") == {"backend": ""}
+
+
+@pytest.mark.django_db
+def test_a_restart_is_logged_naming_the_backend_and_never_an_empty_name(caplog):
+    with caplog.at_level(logging.INFO, logger="cleanup.registry"):
+        registry.backend_restarted("test")
+        registry.backend_restarted("test", backend="north")
+    said = [r.getMessage() for r in caplog.records if r.name == "cleanup.registry"]
+    assert said == [
+        "module test reports that its backend restarted",
+        "module test reports that its backend north restarted",
+    ]

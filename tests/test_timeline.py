@@ -137,3 +137,33 @@ def test_a_cleanup_that_completed_is_one_bar_and_an_earlier_recovery_keeps_its_o
     svg = str(timeline.svg(run))
     assert svg.count("<title>cleanup complete at") == 1
     assert svg.count("<title>cleanup completed at") == 1 and "cleanup gave up at" in svg
+
+
+def test_a_failed_attempt_of_a_step_that_then_succeeded_is_drawn():
+    run, began, now = ended_run()
+    RunLog.objects.create(
+        run=run, kind="step.failed", at=began + timedelta(seconds=5), detail={"error": "the shard said 503"}
+    )
+    svg = timeline.svg(run)
+    mark = re.search(r'<path class="step-failed"[^>]*><title>([^<]+)</title>', svg)
+    assert mark and "step attempt failed at" in mark[1] and "the shard said 503" in mark[1]
+
+
+def test_what_a_step_took_just_before_the_run_ended_is_drawn_before_the_end():
+    # The run's last take lands 0.3 s before its end, between two of the curve's slices;
+    # its give-back goes on for a minute after the end.
+    run, began, now = ended_run(seconds=120)
+    ended = now - timedelta(seconds=59.5)
+    type(run).objects.filter(pk=run.pk).update(ended_at=ended)
+    run.refresh_from_db()
+    last = make_step(run, finished_at=ended - timedelta(seconds=0.3))
+    late = make_rows(last, ["wolf-4"], placeholder=False)
+    Resource.objects.filter(pk=late[0].pk).update(created_at=ended - timedelta(seconds=0.3))
+    Resource.objects.filter(run=run).update(state="reverted", resolved_at=now)
+    RunLog.objects.create(run=run, kind="run.completed", at=ended, detail={})
+    svg = timeline.svg(run)
+    end = float(re.search(r'<line x1="([\d.]+)"[^>]*><title>run completed at', svg)[1])
+    taken = points(svg, "taken")
+    top = min(y for _, y in taken)
+    first_at_top = min(x for x, y in taken if y == top)
+    assert first_at_top < end, "the last take is drawn after the run's end"

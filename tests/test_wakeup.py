@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def clock():
-    """The clock on (a cluster to sleep in); the wake tasks it would queue, as ``(at, ...)``."""
+    """The clock on (a cluster to keep time in); the wake tasks it would queue, as ``(at, ...)``."""
     queued = []
 
     def enqueue(func, *args, **kwargs):
@@ -42,46 +42,72 @@ def test_a_wait_arms_a_wake_up_at_its_end(clock):
     assert clock == [wait.started_at + timedelta(seconds=2)], "no wake-up queued for the wait's end"
 
 
-def test_the_wake_task_sleeps_until_the_time_then_ticks_and_the_wait_ends():
+def test_the_wake_task_holds_no_worker_its_timer_queues_it_again_and_then_it_ticks(clock):
     run = start_run("short wait", [{"action": "core.wait", "params": {"seconds": 1}}])
     tick()
     wait = run.steps.get()
     at = wait.started_at + timedelta(seconds=1)
-    slept = []
-    real_sleep = wakeup.time.sleep
+    clock.clear()
+    timers = []
 
-    def sleep(seconds):
-        slept.append(seconds)
-        real_sleep(seconds)
+    with mock.patch.object(wakeup, "start_timer", lambda seconds, then: timers.append((seconds, then))):
+        line = tasks.wake_task(at=at.isoformat())
 
-    with mock.patch.object(wakeup.time, "sleep", sleep):
-        tasks.wake_task(at=at.isoformat())
-
-    assert slept and 0 < slept[0] <= 1
+    assert [s for s, _ in timers] and 0 < timers[0][0] <= 1, "no timer was set for the wait's end"
+    assert "timer" in line
     run.refresh_from_db()
-    assert run.status == RunStatus.COMPLETED, "the wake task did not end the wait"
+    assert run.status == RunStatus.RUNNING, "the wake task ticked before its time"
+    assert Wake.objects.get().at == at, "the timer's time is not held: a tick would queue a second"
+
+    with time_machine.travel(at + timedelta(milliseconds=10), tick=False):
+        timers[0][1]()  # the timer goes off: the wake task is queued again, now due
+        assert clock == [at]
+        tasks.wake_task(at=at.isoformat())
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED, "the due wake task did not end the wait"
     wait.refresh_from_db()
     assert wait.finished_at >= at
+    assert Wake.objects.get().at is None
 
 
-def test_many_waits_hold_one_sleeper_for_the_earliest_and_an_earlier_one_takes_over(clock):
+def test_a_wake_up_made_moot_before_its_time_ticks_not_and_arms_the_next(clock, settings):
+    now = timezone.now()
+    run = make_run(status=RunStatus.COMPLETED)
+    step = make_step(run)
+    make_rows(step, ["a", "b"], placeholder=False)
+    Resource.objects.filter(ref="a").update(next_attempt_at=now + timedelta(seconds=3))
+    Resource.objects.filter(ref="b").update(next_attempt_at=now + timedelta(seconds=20))
+    assert wakeup.arm(now + timedelta(seconds=3), now) == "queued"
+    Resource.objects.filter(ref="a").update(state="reverted")  # given back meanwhile
+    clock.clear()
+
+    with mock.patch("cleanup.runner.tick") as ticked:
+        line = wakeup.wake((now + timedelta(seconds=3)).isoformat(), now + timedelta(seconds=3))
+
+    assert "no tick" in line and not ticked.called
+    assert clock == [now + timedelta(seconds=20)], "the next wake-up was not armed"
+    # Work due by then: the wake-up ticks.
+    assert wakeup.wake((now + timedelta(seconds=20)).isoformat(), now + timedelta(seconds=20)) is None
+
+
+def test_many_waits_keep_one_timer_for_the_earliest_and_an_earlier_one_takes_over(clock):
     now = timezone.now()
     assert wakeup.arm(now + timedelta(seconds=10), now) == "queued"
-    assert wakeup.arm(now + timedelta(seconds=20), now) is None, "a later wake-up queued a second sleeper"
+    assert wakeup.arm(now + timedelta(seconds=20), now) is None, "a later wake-up queued a second wake task"
     assert wakeup.arm(now + timedelta(seconds=10), now) is None
     assert wakeup.arm(now + timedelta(seconds=5), now) == "queued", "an earlier wake-up waited for the later"
     assert clock == [now + timedelta(seconds=10), now + timedelta(seconds=5)]
     assert Wake.objects.get().at == now + timedelta(seconds=5)
 
 
-def test_a_woken_sleeper_frees_the_row_and_a_lost_one_is_taken_over(clock):
+def test_a_woken_wake_up_frees_the_row_and_a_lost_one_is_taken_over(clock):
     now = timezone.now()
     wakeup.arm(now + timedelta(seconds=5), now)
     wakeup.woke((now + timedelta(seconds=5)).isoformat())
-    assert wakeup.arm(now + timedelta(seconds=20), now) == "queued", "a woken sleeper kept the row"
+    assert wakeup.arm(now + timedelta(seconds=20), now) == "queued", "a woken wake-up kept the row"
 
     later = now + timedelta(seconds=20 + wakeup.LOST_AFTER_S + 1)
-    assert wakeup.arm(later + timedelta(seconds=3), later) == "queued", "a lost sleeper kept the row for ever"
+    assert wakeup.arm(later + timedelta(seconds=3), later) == "queued", "a lost wake-up kept the row for ever"
 
 
 def test_a_far_wait_sets_the_wake_schedule_early_enough_for_the_scheduler(clock):
@@ -91,9 +117,9 @@ def test_a_far_wait_sets_the_wake_schedule_early_enough_for_the_scheduler(clock)
     schedule = Schedule.objects.get(name=wakeup.SCHEDULE_NAME)
     assert schedule.func == WAKE and schedule.schedule_type == Schedule.ONCE
     lead = (at - schedule.next_run).total_seconds()
-    # django-q2's scheduler looks every 30 s: fired by then, the task sleeps the rest.
-    assert wakeup.SCHEDULER_EVERY_S < lead <= wakeup.SLEEP_MAX_S
-    assert clock == [], "a sleeper was queued for a wait an hour away"
+    # django-q2's scheduler looks every 30 s: fired by then, the task's timer waits the rest.
+    assert wakeup.SCHEDULER_EVERY_S < lead <= wakeup.TIMER_MAX_S
+    assert clock == [], "a wake task was queued for a wait an hour away"
 
     assert wakeup.arm(at + timedelta(hours=1), now) is None, "a later time moved the schedule away"
     assert wakeup.arm(at - timedelta(minutes=30), now) == "scheduled"

@@ -24,13 +24,17 @@ API_DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 SECRET = "whsec-test-0123456789"
 
 
-def documented_verify():
-    """The `verify` function of docs/api.md's webhook section, as a receiver would paste it."""
+def documented(name="verify"):
+    """A name of docs/api.md's webhook recipe (`verify`, `Receiver`), as a receiver would paste it."""
     section = API_DOC.read_text().split("## Webhooks", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace = {}
     exec(compile(code, str(API_DOC), "exec"), namespace)
-    return namespace["verify"]
+    return namespace[name]
+
+
+def documented_verify():
+    return documented("verify")
 
 
 class Receiver:
@@ -87,10 +91,12 @@ def test_a_signed_delivery_verifies_with_the_documented_recipe_and_a_retry_keeps
 
     assert first["X-Eventsite-Delivery"] == retry["X-Eventsite-Delivery"], "a retry took another delivery id"
     assert re.fullmatch(r"[0-9a-f-]{36}", retry["X-Eventsite-Delivery"])
-    assert verify(SECRET, first["X-Eventsite-Signature"], first_body)
-    assert not verify("another-secret", first["X-Eventsite-Signature"], first_body), "any key verifies"
-    assert not verify(SECRET, first["X-Eventsite-Signature"], first_body + b" "), "a changed body verifies"
-    assert not verify(SECRET, first["X-Eventsite-Signature"].replace("t=", "t=1"), first_body)
+    assert verify(SECRET, first, first_body)
+    assert not verify("another-secret", first, first_body), "any key verifies"
+    assert not verify(SECRET, first, first_body + b" "), "a changed body verifies"
+    assert not verify(
+        SECRET, {**first, "X-Eventsite-Signature": first["X-Eventsite-Signature"].replace("t=", "t=1")}, first_body
+    )
 
     body = json.loads(retry_body)
     base = "https://events.example.com"
@@ -118,3 +124,31 @@ def test_two_messages_have_two_delivery_ids():
     two = Alert.objects.create(event="module.up", channel="webhook", module="test", created_at=now)
     assert alerts.delivery_id(one) != alerts.delivery_id(two)
     assert alerts.delivery_id(one) == alerts.delivery_id(Alert.objects.get(pk=one.pk))
+
+
+def test_a_replayed_delivery_is_refused_under_a_new_id_and_handled_once_under_its_own(
+    giving_up,  # noqa: F811
+    settings,
+):
+    """A captured alert sent again within the tolerance: under a new delivery id its
+    signature does not verify; under its own id the documented receiver handles it once."""
+    receiver = Receiver()
+    try:
+        settings.ADMINS = []
+        settings.EVENT_ALERT_WEBHOOK_URL = receiver.url
+        settings.EVENT_ALERT_WEBHOOK_SECRET = SECRET
+        sweep_task()
+        [(captured, body)] = receiver.deliveries
+    finally:
+        receiver.stop()
+    verify = documented_verify()
+    assert verify(SECRET, captured, body)
+    replayed = {**captured, "X-Eventsite-Delivery": "7b0ed7a5-34c5-4d52-9d47-3e1e1c1a0b5e"}
+    assert not verify(SECRET, replayed, body), "a new delivery id passed the signature"
+
+    handled = []
+    console = documented("Receiver")(SECRET, handled.append)
+    assert [console.receive(captured, body) for _ in range(3)] == [204, 204, 204]
+    assert handled == [body], "the same delivery handled more than once"
+    assert console.receive(replayed, body) == 401
+    assert handled == [body]

@@ -46,5 +46,5 @@ class AlertAdmin(ReadOnlyAdmin):
     def run_name(self, obj: Alert) -> str | SafeString:
         if obj.run is None:
             return f"module {obj.module}"
-        link: SafeString = run_link(obj.run_id, obj.run.name)
+        link: SafeString = run_link(obj.run.pk, obj.run.name)
         return link

@@ -13,11 +13,12 @@ May import validation only; nothing imports it but the ``MIDDLEWARE`` setting.
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import Field
-from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect, QueryDict
+from django.http import HttpRequest, HttpResponseRedirect, QueryDict
 
 from .. import validation
 
@@ -57,10 +58,17 @@ def _is_integer(field: "Field[Any, Any]") -> bool:
 
 
 class AdminInputGuard:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
-        self.get_response = get_response
+    # Its work is `process_view`; it passes each request on as it came, to a synchronous or
+    # an asynchronous handler alike.
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
         return self.get_response(request)
 
     def process_view(

@@ -10,17 +10,25 @@ May import models, conf, `cleanup.rows`, registry and outages, never another mod
 admin's pages and the template tags import it.
 """
 
+from __future__ import annotations
+
 import functools
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, cast
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.template.defaultfilters import truncatechars
+from django.db.models import Model, Q, QuerySet
+from django.http import HttpRequest, HttpResponseBase
 from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.safestring import SafeString
 from django.utils.text import slugify
 
 from .. import rows as ledger_rows
@@ -34,61 +42,117 @@ from ..models import (
     ResourceState,
     Run,
     RunStatus,
+    Step,
     StepStatus,
 )
 from ..rows import ended_unresolved
 
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _ListDisplayT
 
-def actor(request):
+    # The mixins below are mixed into model admins: to the checker they are one. Any model:
+    # one mixin serves the admins of several models.
+    _ModelAdminBase = admin.ModelAdmin[Any]
+else:
+    _ModelAdminBase = object
+
+# A changelist filter's choices: (value in the query string, what a person reads).
+Choices = list[tuple[str, str]]
+
+
+class User(Protocol):
+    """Who asks for the counts: a signed-in user or the anonymous one."""
+
+    def has_perm(self, perm: str, obj: Model | None = None) -> bool: ...
+
+
+class Oldest(TypedDict):
+    id: int
+    at: str
+    age: str
+
+
+class BackendDown(TypedDict):
+    name: str
+    id: str
+    since: str
+    error: str
+    rows: int
+    link: str
+
+
+class Attention(TypedDict):
+    """The counts the admin index leads with: each only where the user may see it."""
+
+    running_runs: NotRequired[int]
+    incomplete_runs: NotRequired[int]
+    left_runs: NotRequired[int]
+    modules_down: NotRequired[int]
+    backends_down: NotRequired[list[BackendDown]]
+    retrying: NotRequired[int]
+    waiting: NotRequired[int]
+    left: NotRequired[int]
+    oldest: NotRequired[Oldest]
+
+
+def actor(request: HttpRequest) -> str:
     """Who asked, as the engine records it (the run log, the modules' log)."""
     return request.user.get_username()
 
 
-def when(dt):
-    """A time to the second, in the site's time zone, or a dash."""
+def when(dt: datetime | None) -> str:
+    """A time to the second with its date and the site's time zone, or a dash."""
     if dt is None:
         return "-"
-    return timezone.localtime(dt).strftime("%Y-%m-%d %H:%M:%S")
+    return timezone.localtime(dt).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def short_when(dt):
-    """A time as short as a list can show it: ``21:04:05`` today, ``12-01 21:04`` before."""
+def utc_when(dt: datetime | None) -> str:
+    """The same moment in UTC, for the hover of a time shown in the site's zone."""
     if dt is None:
         return "-"
-    local, today = timezone.localtime(dt), timezone.localdate()
-    return local.strftime("%H:%M:%S") if local.date() == today else local.strftime("%m-%d %H:%M")
+    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def ago(seconds):
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} days"
+def short_when(dt: datetime | None) -> str:
+    """A time as short as a list can show it and still dated: ``12-03 21:04:05 UTC``."""
+    if dt is None:
+        return "-"
+    return timezone.localtime(dt).strftime("%m-%d %H:%M:%S %Z")
+
+
+def ago(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole} s"
+    if whole < 7200:
+        return f"{whole // 60} min"
+    if whole < 172800:
+        return f"{whole // 3600} h"
+    return f"{whole // 86400} days"
 
 
 # -- what needs a person ----------------------------------------------------------------
 
 
-def retrying_q(now, max_attempts):
+def retrying_q(now: datetime, max_attempts: int) -> Q:
     """Unresolved rows the automatic sweep will still try (`rows.retrying`)."""
     return ledger_rows.retrying(now, max_attempts)
 
 
-def waiting_q(now, max_attempts):
-    """Unresolved rows the automatic sweep will not try again (`rows.waiting_for_person`)."""
-    return ledger_rows.waiting_for_person(now, max_attempts)
+def waiting_q(now: datetime, max_attempts: int) -> Q:
+    """Unresolved rows the automatic sweep gave up on (`rows.gave_up`); the rows a person
+    left for later are counted apart (`rows.left_for_later`)."""
+    return ledger_rows.gave_up(now, max_attempts)
 
 
-def attention(user):
+def attention(user: User) -> Attention:
     """The counts the admin index leads with; each reads unresolved rows only (partial indexes)."""
-    found = {}
+    found: Attention = {}
     if user.has_perm("cleanup.view_run"):
         found["running_runs"] = Run.objects.filter(status=RunStatus.RUNNING).count()
         found["incomplete_runs"] = Run.objects.filter(cleanup_status="incomplete").count()
+        found["left_runs"] = Run.objects.filter(cleanup_status="left").count()
     if user.has_perm("cleanup.view_modulehealth"):
         found["modules_down"] = ModuleHealth.objects.down().count()
         if found["modules_down"] and user.has_perm("cleanup.view_resource") and site_backends():
@@ -98,6 +162,7 @@ def attention(user):
         rows = ended_unresolved()
         found["retrying"] = rows.filter(retrying_q(now, max_attempts)).count()
         found["waiting"] = rows.filter(waiting_q(now, max_attempts)).count()
+        found["left"] = rows.filter(ledger_rows.left_for_later()).count()
         oldest = rows.order_by("created_at", "id").values("id", "created_at").first()
         if oldest:
             found["oldest"] = {
@@ -108,9 +173,9 @@ def attention(user):
     return found
 
 
-def backends_down():
+def backends_down() -> list[BackendDown]:
     """Each backend down, with its unresolved rows counted and the ledger's list of them."""
-    found = []
+    found: list[BackendDown] = []
     for health in ModuleHealth.objects.down().order_by("module", "backend"):
         rows = Resource.objects.filter(state__in=UNRESOLVED, module=health.module, backend=health.backend)
         found.append(
@@ -131,17 +196,18 @@ def backends_down():
 # -- lists that never count a whole table -------------------------------------------------
 
 
-class CappedPaginator(Paginator):
+class CappedPaginator(Paginator):  # type: ignore[type-arg]  # pages of any model's rows
     """Counts at most ``CAP`` rows: past it, the last page is "more" rather than a number."""
 
     CAP = 10_000
 
     @cached_property
-    def count(self):
-        return self.object_list.order_by().values("pk")[: self.CAP].count()
+    def count(self) -> int:
+        rows = cast("QuerySet[Any]", self.object_list)  # the admin's lists page querysets
+        return rows.order_by().values("pk")[: self.CAP].count()
 
 
-class BoundedListMixin:
+class BoundedListMixin(_ModelAdminBase):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
@@ -152,14 +218,15 @@ class NeedsFilter(admin.SimpleListFilter):
     title = "needs"
     parameter_name = "needs"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Choices:
         return [
             ("unresolved", "unresolved"),
             ("retrying", "retrying (attempts left)"),
             ("waiting", "waiting for a person"),
+            ("left", "left for later"),
         ]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         max_attempts, now = max_revert_attempts(), timezone.now()
         if self.value() == "unresolved":
             return queryset.filter(state__in=UNRESOLVED)
@@ -167,31 +234,37 @@ class NeedsFilter(admin.SimpleListFilter):
             return ended_unresolved(queryset).filter(retrying_q(now, max_attempts))
         if self.value() == "waiting":
             return ended_unresolved(queryset).filter(waiting_q(now, max_attempts))
+        if self.value() == "left":
+            return ended_unresolved(queryset).filter(ledger_rows.left_for_later())
         return queryset
 
 
 class RegistryFilter(admin.SimpleListFilter):
     """Choices from the module registry and the unresolved rows, never a DISTINCT of the ledger."""
 
-    field = None
+    field = ""
 
-    def lookups(self, request, model_admin):
+    def registered(self) -> Iterable[str]:
+        """The values the registry knows of."""
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Choices:
         values = set(self.registered())
         values |= set(
             Resource.objects.filter(state__in=UNRESOLVED).order_by().values_list(self.field, flat=True).distinct()[:50]
         )
-        if self.value():
-            values.add(self.value())
+        if value := self.value():
+            values.add(value)
         return [(v, v) for v in sorted(values)]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
 
 
 class ModuleFilter(RegistryFilter):
     title = parameter_name = field = "module"
 
-    def registered(self):
+    def registered(self) -> Iterable[str]:
         from .. import registry
 
         return registry.modules()
@@ -200,7 +273,7 @@ class ModuleFilter(RegistryFilter):
 class KindFilter(RegistryFilter):
     title = parameter_name = field = "kind"
 
-    def registered(self):
+    def registered(self) -> Iterable[str]:
         return ["step", "override"]
 
 
@@ -209,7 +282,7 @@ class KindFilter(RegistryFilter):
 BACKEND_CHOICES = 50
 
 
-def site_backends(request=None):
+def site_backends(request: HttpRequest | None = None) -> list[str]:
     """The backends other than ``""`` the site knows, sorted: those with a health row (every
     backend that was watched, probed, blamed or marked) and those of unresolved rows, capped.
 
@@ -217,7 +290,7 @@ def site_backends(request=None):
     each: its pages show no backend at all, exactly as before backends existed. Read once
     per request.
     """
-    cached = getattr(request, "_cleanup_backends", None)
+    cached: list[str] | None = getattr(request, "_cleanup_backends", None)
     if cached is not None:
         return cached
     names = set(ModuleHealth.objects.exclude(backend="").order_by().values_list("backend", flat=True).distinct())
@@ -230,19 +303,21 @@ def site_backends(request=None):
     )
     found = sorted(names)
     if request is not None:
-        request._cleanup_backends = found
+        request._cleanup_backends = found  # type: ignore[attr-defined]  # read once per request
     return found
 
 
-def with_backend(columns, request, after):
-    """``columns`` with the backend's column after ``after``, when the site has backends."""
-    columns = list(columns)
-    if site_backends(request) and "backend_shown" not in columns:
-        columns.insert(columns.index(after) + 1, "backend_shown")
-    return columns
+def with_backend(columns: Iterable[Any], request: HttpRequest, after: str) -> list[Any]:
+    """``columns`` with the backend's column after ``after``, when the site has backends.
+
+    A column is a name or a callable, as Django's ``list_display`` takes them."""
+    shown = list(columns)
+    if site_backends(request) and "backend_shown" not in shown:
+        shown.insert(shown.index(after) + 1, "backend_shown")
+    return shown
 
 
-def backend_text(backend):
+def backend_text(backend: str) -> str:
     return backend or "-"
 
 
@@ -251,7 +326,7 @@ def backend_text(backend):
 ONLY_BACKEND = "/"
 
 
-def backend_param(backend):
+def backend_param(backend: str) -> str:
     """The value of the ``backend`` filter that lists ``backend``'s objects."""
     return backend or ONLY_BACKEND
 
@@ -262,34 +337,34 @@ class BackendFilter(admin.SimpleListFilter):
 
     title = parameter_name = "backend"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Choices:
         values = set(site_backends(request))
         if not values:
             return []
-        if self.value() and self.value() != ONLY_BACKEND:
-            values.add(self.value())
+        if (value := self.value()) and value != ONLY_BACKEND:
+            values.add(value)
         return [(ONLY_BACKEND, "- (a module's only backend)"), *[(v, v) for v in sorted(values)]]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():
             return queryset
         return queryset.filter(backend="" if self.value() == ONLY_BACKEND else self.value())
 
 
-class BackendColumnMixin:
+class BackendColumnMixin(_ModelAdminBase):
     """A model admin whose objects have a ``backend``: the column and the detail field shown
     where the site has backends (`site_backends`), or the object names one."""
 
     backend_after: str = ""
 
-    def get_list_display(self, request):
+    def get_list_display(self, request: HttpRequest) -> _ListDisplayT[Any]:
         return with_backend(super().get_list_display(request), request, self.backend_after)
 
     @admin.display(description="backend")
-    def backend_shown(self, obj):
+    def backend_shown(self, obj: Any) -> str:  # a model with a ``backend``
         return backend_text(obj.backend)
 
-    def shows_backend(self, request, obj):
+    def shows_backend(self, request: HttpRequest, obj: Any) -> bool:  # None, or a model with a ``backend``
         return bool(site_backends(request) or (obj is not None and obj.backend))
 
 
@@ -299,14 +374,16 @@ class LogKindFilter(admin.SimpleListFilter):
     title = "kind"
     parameter_name = "kind"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Choices:
         return LogKind.choices
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(kind=self.value()) if self.value() else queryset
 
 
-def permission_first(model_admin, view, needs_add=False):
+def permission_first(
+    model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponseBase], needs_add: bool = False
+) -> Callable[..., HttpResponseBase]:
     """``view``, refused with 403 before it runs unless the user may see the model's pages
     (who is not signed in as staff is sent to the login page, as everywhere in the admin).
 
@@ -317,7 +394,7 @@ def permission_first(model_admin, view, needs_add=False):
     """
 
     @functools.wraps(view)
-    def gated(request, *args, **kwargs):
+    def gated(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not model_admin.admin_site.has_permission(request):
             # Not signed in as active staff: the admin's own wrapper sends them to the login
             # page (with ``next``) before anything of the view runs, as on Django's own pages.
@@ -332,12 +409,12 @@ def permission_first(model_admin, view, needs_add=False):
     return gated
 
 
-class PermissionFirstMixin:
+class PermissionFirstMixin(_ModelAdminBase):
     """Every page of the model admin checks its permission before its view runs (`permission_first`):
     the add page its add permission, every other page (lists, a row's page, its history, the
     admin's own pages such as a mark-down) the model's view permission, before its own checks."""
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         urls = super().get_urls()
         add = f"{self.opts.app_label}_{self.opts.model_name}_add"
         for pattern in urls:
@@ -347,17 +424,18 @@ class PermissionFirstMixin:
         return urls
 
 
-class ReadOnlyAdmin(PermissionFirstMixin, BoundedListMixin, admin.ModelAdmin):
+class ReadOnlyAdmin(PermissionFirstMixin, BoundedListMixin, admin.ModelAdmin):  # type: ignore[type-arg]  # any model
     """Pages without Save: nothing here rewrites a row (or leaves an empty history entry);
     every page checks its permission before any work (`PermissionFirstMixin`)."""
 
-    def has_add_permission(self, request, obj=None):
+    # ``obj``: an object of whichever model the admin shows.
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
@@ -368,25 +446,26 @@ class PersonActionsAdmin(ReadOnlyAdmin):
     or a module's health is not a thing to delete.
     """
 
-    def get_actions(self, request):
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
 
-    def has_cleanup_run_permission(self, request):
+    def has_cleanup_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("cleanup.cleanup_run")
 
 
-def run_link(run_id, name=None):
-    label = f"#{run_id} {truncatechars(name, 20)}" if name else f"#{run_id}"
+def run_link(run_id: int, name: str | None = None) -> SafeString:
+    # The whole name, wrapping in its cell: names that share a start are told apart by their end.
+    label = f"#{run_id} {name}" if name else f"#{run_id}"
     return format_html('<a href="{}">{}</a>', reverse("admin:cleanup_run_change", args=[run_id]), label)
 
 
-def filtered(model, **params):
+def filtered(model: str, **params: str | int) -> str:
     return reverse(f"admin:cleanup_{model}_changelist") + "?" + urlencode(params)
 
 
-def attempt_text(row, max_attempts, now):
+def attempt_text(row: Resource, max_attempts: int, now: datetime) -> str:
     """Where a row stands with its attempts, as a person reads it."""
     n = row.revert_attempts
     if row.state == ResourceState.REVERTED:
@@ -416,7 +495,7 @@ def attempt_text(row, max_attempts, now):
     return f"attempt {n} of {max_attempts}; next pass" if n else f"not tried yet (of {max_attempts})"
 
 
-def state_shown(row):
+def state_shown(row: Resource) -> tuple[str, str, str]:
     """A row's state as a person reads it: ``(css class, word, line under it or "")``.
 
     A row waiting for its backend reads "waiting", with why and since when on a line of
@@ -430,7 +509,7 @@ def state_shown(row):
     return f"state-{row.state}", row.get_state_display(), ""
 
 
-def next_attempt(row, max_attempts):
+def next_attempt(row: Resource, max_attempts: int) -> datetime | None:
     """When the sweep will try the row again, or None: never for a row that waits for a person."""
     if not ledger_rows.holds(row, ledger_rows.awaits_sweep(max_attempts)):
         return None
@@ -440,7 +519,7 @@ def next_attempt(row, max_attempts):
 # -- work that waits on a module that is down -------------------------------------------
 
 
-def mark_waiting(rows, max_attempts):
+def mark_waiting(rows: Iterable[Resource], max_attempts: int) -> list[Resource]:
     """Set ``row.waiting`` to "waiting: <module>[/<backend>] is down since …" on rows held by
     an outage of their own backend.
 
@@ -448,30 +527,31 @@ def mark_waiting(rows, max_attempts):
     """
     from .. import outages
 
-    rows = list(rows)
-    reasons = outages.waiting_reasons({(r.module, r.backend) for r in rows}) if rows else {}
+    shown = list(rows)
+    reasons: dict[Any, str] = outages.waiting_reasons({(r.module, r.backend) for r in shown}) if shown else {}
     waits = ledger_rows.awaits_sweep(max_attempts)
-    for row in rows:
+    for row in shown:
         row.waiting = reasons.get((row.module, row.backend)) if ledger_rows.holds(row, waits) else None
-    return rows
+    return shown
 
 
-def mark_steps_waiting(steps):
+def mark_steps_waiting(steps: Sequence[Step]) -> Sequence[Step]:
     """Set ``step.waiting`` on the steps not yet done whose backend is down; one query for them all."""
     from .. import outages, registry
 
     open_steps = [s for s in steps if s.status in (StepStatus.PENDING, StepStatus.RUNNING)]
     keys = {s: (module, s.backend) for s in open_steps if (module := step_module(s, registry))}
-    reasons = outages.waiting_reasons(set(keys.values())) if keys else {}
+    reasons: dict[Any, str] = outages.waiting_reasons(set(keys.values())) if keys else {}
     for step in steps:
         step.waiting = reasons.get(keys.get(step))
     return steps
 
 
-def step_module(step, registry):
+def step_module(step: Step, registry: ModuleType) -> str | None:
     """The module a step calls, or None (a built-in wait, an unregistered action)."""
     if step.action_id == "core.lease":
         entry = registry.get_lease((step.params or {}).get("lease")) if isinstance(step.params, dict) else None
     else:
         entry = registry.get_action(step.action_id)
-    return getattr(entry, "module", None)
+    module: str | None = getattr(entry, "module", None)
+    return module

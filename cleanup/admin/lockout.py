@@ -1,10 +1,15 @@
 """Logins that guess: the lockout's limits, and its pages in the admin.
 
-django-axes counts failed logins per username (the site's ``AXES_*`` settings name the
-two functions below, so that ``EVENT_LOGIN_FAILURE_LIMIT`` and ``EVENT_LOGIN_COOLOFF_S``
-are read at the moment of use). After that many failures the username is refused for the
-cool-off, even with the right password, and the login page says so
-(``admin/cleanup/lockout.html``, answered 429). Every failure is logged (logger ``axes``)
+django-axes counts failed logins per (username, client address) (the site's ``AXES_*``
+settings name the functions below, so that ``EVENT_LOGIN_FAILURE_LIMIT`` and
+``EVENT_LOGIN_COOLOFF_S`` are read at the moment of use). After that many failures the
+username is refused from that address for the cool-off, even with the right password;
+from another address it still logs in, so five wrong passwords from anywhere cannot lock
+the superuser out. `LockoutHandler` adds a bound per address whatever the usernames: past
+``EVENT_LOGIN_ADDRESS_FAILURE_LIMIT`` failures within the cool-off, every login from that
+address is refused (one address trying many usernames). Either way the login page says so
+(``admin/cleanup/lockout.html``, answered 429). Axes keeps its counts in the database, so
+every process counts them together. Every failure is logged (logger ``axes``)
 and listed in the admin's *Access failures*; *Access attempts* lists the usernames that
 are counting or locked out, and only a superuser may lift a lockout there (the action
 *Lift the lockout*, or deleting the row), which is logged too.
@@ -18,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
 from axes.backends import AxesStandaloneBackend
+from axes.handlers.database import AxesDatabaseHandler
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 
 from ..conf import setting
 
@@ -45,6 +52,51 @@ def cooloff(request: HttpRequest | None = None) -> timedelta:
     return timedelta(seconds=setting("EVENT_LOGIN_COOLOFF_S"))
 
 
+def address_limit() -> int:
+    """Failed logins from one address, whatever the usernames, after which it is refused."""
+    limit: int = setting("EVENT_LOGIN_ADDRESS_FAILURE_LIMIT")
+    return limit
+
+
+def address_failures(address: str | None) -> int:
+    """Failed logins from ``address`` within the cool-off, every username's."""
+    if not address:
+        return 0
+    since = timezone.now() - cooloff()
+    found = AccessAttempt.objects.filter(ip_address=address, attempt_time__gte=since).aggregate(
+        total=Sum("failures_since_start")
+    )
+    return int(found["total"] or 0)
+
+
+class LockoutHandler(AxesDatabaseHandler):  # type: ignore[misc]  # django-axes has no types
+    """``AXES_HANDLER``: django-axes' database handler, counting per (username, address) as
+    ``AXES_LOCKOUT_PARAMETERS`` says, and refusing an address past `address_limit()`."""
+
+    def is_locked(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
+        if super().is_locked(request, credentials):
+            return True
+        return self._address_locked(request)
+
+    def user_login_failed(
+        self, sender: object, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
+    ) -> None:
+        super().user_login_failed(sender, credentials, request, **kwargs)
+        if request is not None and not getattr(request, "axes_locked_out", False) and self._address_locked(request):
+            request.axes_locked_out = True  # type: ignore[attr-defined]  # django-axes' mark, read by its middleware
+            request.axes_credentials = credentials  # type: ignore[attr-defined]
+
+    def _address_locked(self, request: HttpRequest) -> bool:
+        address = getattr(request, "axes_ip_address", None)
+        failures = address_failures(address)
+        if failures < address_limit():
+            return False
+        if not getattr(request, "cleanup_address_locked", False):
+            logger.warning("logins from %s refused: %d failed logins across usernames", address, failures)
+        request.cleanup_address_locked = True  # type: ignore[attr-defined]  # read by lockout_response
+        return True
+
+
 class LockoutBackend(AxesStandaloneBackend):  # type: ignore[misc]  # django-axes has no types
     """django-axes' backend, first in ``AUTHENTICATION_BACKENDS``: refuses a locked-out
     username. A login with no request (a shell, the test client's ``login``) comes from no
@@ -65,6 +117,8 @@ def lockout_response(
     """``AXES_LOCKOUT_CALLABLE``: the page a locked-out username gets, 429 with ``Retry-After``."""
     seconds: int = setting("EVENT_LOGIN_COOLOFF_S")
     context = {
+        "by_address": getattr(request, "cleanup_address_locked", False),
+        "address_limit": address_limit(),
         "failure_limit": failure_limit(),
         "cooloff_minutes": max(1, round(seconds / 60)),
         "site_header": admin.site.site_header,

@@ -121,6 +121,9 @@ def sentence(kind: str, detail: object) -> str:
         return f"Could not give back{f' through {what}' if what else ''}{rows}{because}."
     if kind == "cleanup.gave_up":
         return "The cleanup gave up: what is left waits for a person."
+    if kind == "cleanup.completed":
+        of = f" ({n} ledger row{'s' if n != 1 else ''})" if n is not None else ""
+        return f"The cleanup completed: nothing the run took is left unresolved{of}."
     if kind == "cleanup.recovered":
         return "The cleanup completed after it had given up."
     if kind == "resource.orphaned":

@@ -8,7 +8,9 @@ modules' log and in the admin's recent actions. A backend never seen failing may
 health row yet: it is listed apart, and marking it down makes its row (through `outages`,
 never by hand). Work waiting on a down backend shows why on the ledger and run pages
 (`mark_waiting` in `cleanup.admin.lists`). May import the engine (outages), calls (a
-backend's name), registry, validation, models and `.lists`; nothing imports it but the package.
+backend's name), registry, validation, `security` (what its live rows are to the idle clock),
+models, `.lists` and `.livelist`; nothing imports it but the package. Its list stays current as the
+ledger's does (``modulehealth/live/``, read again by ``cleanup/static/cleanup/live.js``).
 """
 
 from collections.abc import Sequence
@@ -20,16 +22,16 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.defaultfilters import truncatechars
+from django.template.defaultfilters import pluralize, truncatechars
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from .. import calls, outages, registry, validation
-from ..models import ModuleEvent, ModuleHealth, ModuleState
+from .. import calls, deadman, outages, registry, validation
+from ..models import UNRESOLVED, ModuleEvent, ModuleHealth, ModuleState, Resource
 from .lists import (
     ONLY_BACKEND,
     BackendColumnMixin,
@@ -39,10 +41,12 @@ from .lists import (
     actor,
     ago,
     backend_param,
+    filtered,
     short_when,
     site_backends,
     when,
 )
+from .livelist import LiveListMixin
 
 ERROR_CHARS = 90
 BOOT_CHARS = 20
@@ -74,17 +78,21 @@ class MarkDownForm(forms.Form):
 
 
 @admin.register(ModuleHealth)
-class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
+class ModuleHealthAdmin(LiveListMixin, BackendColumnMixin, PersonActionsAdmin):
+    # The list stays current: its rows' states, reasons and held rows as they are now.
+    live_url_name = "cleanup_modulehealth_live"
+    live_template = "admin/cleanup/modulehealth/live.html"
+    live_refused = "These filters are not module health's."
+    # The state first, with since when, why and who beside it in its one cell, so that a
+    # person sees the reason at 1,280 px without scrolling; the rest after it.
     list_display = [
         "module",
-        "state_shown",
-        "since",
-        "error",
+        "health_shown",
         "boot",
         "owed",
         "next_probe",
         "failures_in_row",
-        "changed_by",
+        "switch",
     ]
     list_filter = ["state", BackendFilter]
     search_fields = ["module", "backend"]
@@ -107,6 +115,7 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore
         "owed",
         "restarts_seen",
         "waiting",
+        "switch",
     )
     readonly_fields = [*fields, "backend_shown"]
 
@@ -119,13 +128,18 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.mark_backend_down)
         view.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
-        urls: list[URLPattern] = super().get_urls()  # type: ignore[no-untyped-call]  # lists' permission gate
-        return [path("mark-down/", view, name="cleanup_modulehealth_mark_down"), *urls]
+        urls: list[URLPattern] = super().get_urls()
+        return [path("mark-down/", view, name="cleanup_modulehealth_mark_down"), *self.live_urls(), *urls]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # Every registered module is listed, so that one never seen failing can be marked down too.
         ModuleHealth.objects.bulk_create([ModuleHealth(module=m) for m in registry.modules()], ignore_conflicts=True)
-        extra = {"unseen": self.unseen_backends(request), "can_mark": self.has_cleanup_run_permission(request)}
+        extra = {
+            "unseen": self.unseen_backends(request),
+            "can_mark": self.has_cleanup_run_permission(request),
+            # The list stays current as the ledger's does (`cleanup.admin.livelist`).
+            "live_src": self.live_src(request),
+        }
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
     def unseen_backends(self, request: HttpRequest) -> list[ModuleHealth]:
@@ -161,6 +175,23 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore
         until = f" until {when(obj.held_until)}" if obj.held_until else " until a person marks it up"
         probe = f"; the last probe {when(obj.last_probe_at)}: {obj.last_probe}" if obj.last_probe else ""
         return format_html("{}<br><small>held by {}{}{}</small>", down, obj.changed_by, until, probe)
+
+    @admin.display(description="state: since when, why, who", ordering="state")
+    def health_shown(self, obj: ModuleHealth) -> SafeString:
+        """The state, since when, the reason and who changed it, and for a backend down the
+        rows it holds, in one cell: the list's first column after the module's name."""
+        parts = [self.state_shown(obj)]
+        if obj.state == ModuleState.DOWN:
+            if obj.down_since:
+                parts.append(format_html('<span class="health-since">since {}</span>', when(obj.down_since)))
+            if obj.last_error:
+                parts.append(format_html('<span class="health-why">why: {}</span>', obj.last_error))
+            if obj.changed_by:
+                parts.append(format_html('<span class="health-who">by {}</span>', obj.changed_by))
+            parts.append(held_rows_link(obj))
+        elif obj.last_error:
+            parts.append(format_html('<span class="health-why">{}</span>', self.error(obj)))
+        return format_html_join("", '<div class="health-line">{}</div>', ((part,) for part in parts))
 
     @admin.display(description="down since", ordering="down_since")
     def since(self, obj: ModuleHealth) -> str:
@@ -204,6 +235,11 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore
             when(obj.reconcile_owed_since),
             doing,
         )
+
+    @admin.display(description="dead-man's switch")
+    def switch(self, obj: ModuleHealth) -> str:
+        """The backend's switch (rule 34): armed, ttl, last renewal, what it holds, lapses."""
+        return deadman.shown_text(obj.module, obj.backend)
 
     @admin.display(description="next probe")
     def next_probe(self, obj: ModuleHealth) -> str:
@@ -319,6 +355,15 @@ class ModuleHealthAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore
             self.message_user(request, f"Already {state}, nothing changed: {', '.join(unchanged)}.", messages.WARNING)
 
 
+def held_rows_link(health: ModuleHealth) -> SafeString:
+    """The unresolved rows a backend holds, counted, linking to the ledger filtered to them."""
+    held = Resource.objects.filter(state__in=UNRESOLVED, module=health.module, backend=health.backend).count()
+    if not held:
+        return format_html('<span class="health-rows">{}</span>', "it holds no unresolved row")
+    link = filtered("resource", needs="unresolved", module=health.module, backend=backend_param(health.backend))
+    return format_html('<a href="{}" class="health-rows">its {} unresolved row{}</a>', link, held, pluralize(held))
+
+
 def module_log_link(health: ModuleHealth) -> str:
     """The modules' log, filtered to this backend."""
     query = {"module": health.module}
@@ -332,7 +377,7 @@ def mark_down_link(module: str, backend: str) -> str:
 
 
 @admin.register(ModuleEvent)
-class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
+class ModuleEventAdmin(BackendColumnMixin, ReadOnlyAdmin):
     """The modules' log: each time a backend went down, came back, or its waiting work was given up."""
 
     list_display = ["logged", "module", "kind", "by", "error", "alerted"]

@@ -1,6 +1,6 @@
 """The ledger's pages: every row a run took, where it stands with its attempts, and waiving rows by hand.
 
-May import the engine (manual), models, conf, `validation` and `.lists`; nothing imports it but the
+May import the engine (manual, `rows`), models, conf, `validation`, `.lists` and `.livelist`; nothing imports it but the
 package, which Django's admin autodiscovery imports.
 """
 
@@ -9,24 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import truncatechars
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.views.decorators.http import require_safe
 
+from .. import rows as ledger_rows
 from .. import validation
 from ..conf import max_revert_attempts
 from ..manual import waive
 from ..models import UNRESOLVED, Resource, ResourceState, Run, backend_name
-from ..security import refreshes_itself
+from .idents import whole_id
 from .lists import (
     BackendColumnMixin,
     BackendFilter,
@@ -41,17 +39,17 @@ from .lists import (
     run_link,
     short_when,
     state_shown,
+    utc_when,
     when,
 )
+from .livelist import LiveListMixin
 from .summaries import row_what
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec, _ListDisplayT
 
-ERROR_CHARS = 70
-WHAT_CHARS = 40
-# A ref is an id: its start tells rows apart, the whole is on hover and on the row's page.
-REF_CHARS = 17
+# Enough for a module's reason to be read in the list; the whole is on hover and the row's page.
+ERROR_CHARS = 240
 # A search reads the unresolved rows (their partial index) and this many of the newest rows
 # (a range of the primary key), never the whole ledger.
 SEARCH_WINDOW = 100_000
@@ -70,9 +68,13 @@ class WaiveForm(forms.Form):
 
 
 @admin.register(Resource)
-class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
+class ResourceAdmin(LiveListMixin, BackendColumnMixin, PersonActionsAdmin):
+    live_url_name = "cleanup_resource_live"
+    live_template = "admin/cleanup/resource/live.html"
+    live_refused = "These filters are not the ledger's."
     list_display = ["ref_short", "what", "state_shown", "attempt", "error", "module_shown", "run_name", "updated_short"]
-    list_display_links = ["ref_short"]
+    # The ref links to the row itself (`ref_short`), beside its copy button.
+    list_display_links = None
     list_filter = [NeedsFilter, "state", ModuleFilter, BackendFilter, KindFilter, "run__cleanup_status"]
     backend_after = "state"
     # Ref, kind and the words of the payload ("troll", "north-gate"); `get_search_results` bounds it.
@@ -95,7 +97,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[mis
                     "step",
                     "module",
                     "kind",
-                    "ref",
+                    "ref_whole",
                     "member_key",
                     "state",
                     "attempt",
@@ -114,7 +116,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[mis
         "module",
         "backend_shown",
         "kind",
-        "ref",
+        "ref_whole",
         "member_key",
         "state",
         "attempt",
@@ -166,39 +168,26 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[mis
         return super().get_search_results(request, window, search_term)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        query = request.GET.urlencode()
-        live_src = reverse("admin:cleanup_resource_live") + (f"?{query}" if query else "")
-        return super().changelist_view(request, {"live_src": live_src, **(extra_context or {})})
+        return super().changelist_view(request, {"live_src": self.live_src(request), **(extra_context or {})})
 
     def get_urls(self) -> list[URLPattern]:
-        # Read, never written to; read by the page itself, so not a person's activity.
-        view = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_rows)))
-        view.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
-        urls: list[URLPattern] = super().get_urls()  # type: ignore[no-untyped-call]  # lists' permission gate
-        return [path("live/", view, name="cleanup_resource_live"), *urls]
-
-    def live_rows(self, request: HttpRequest) -> HttpResponse:
-        """The list's rows again, with the same filters and page (`cleanup.admin.live`)."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        try:
-            changelist = self.get_changelist_instance(request)
-        except IncorrectLookupParameters:
-            return HttpResponseBadRequest("These filters are not the ledger's.")
-        changelist.formset = None
-        context = {"cl": changelist, "opts": self.model._meta}
-        return TemplateResponse(request, "admin/cleanup/resource/live.html", context)
+        urls: list[URLPattern] = super().get_urls()
+        return [*self.live_urls(), *urls]
 
     @admin.display(description="ref", ordering="ref")
     def ref_short(self, obj: Resource) -> SafeString:
-        return format_html('<span title="{}">{}</span>', obj.ref, truncatechars(obj.ref, REF_CHARS))
+        return whole_id(obj.ref, href=reverse("admin:cleanup_resource_change", args=[obj.pk]))
+
+    @admin.display(description="ref")
+    def ref_whole(self, obj: Resource) -> SafeString:
+        return whole_id(obj.ref, width=len(obj.ref))
 
     @admin.display(description="what", ordering="kind")
     def what(self, obj: Resource) -> str:
         words = row_what(obj.kind, obj.ref, obj.payload)
         if words == obj.kind:
             return obj.kind
-        return format_html('{}: <span title="{}">{}</span>', obj.kind, words, truncatechars(words, WHAT_CHARS))
+        return format_html('{}: <span class="what-words">{}</span>', obj.kind, words)
 
     @admin.display(description="state", ordering="state")
     def state_shown(self, obj: Resource) -> SafeString:
@@ -217,7 +206,7 @@ class ResourceAdmin(BackendColumnMixin, PersonActionsAdmin):  # type: ignore[mis
 
     @admin.display(description="updated", ordering="updated_at")
     def updated_short(self, obj: Resource) -> SafeString:
-        return format_html('<span title="{}">{}</span>', when(obj.updated_at), short_when(obj.updated_at))
+        return format_html('<span title="{}">{}</span>', utc_when(obj.updated_at), short_when(obj.updated_at))
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         changelist = super().get_changelist_instance(request)
@@ -302,8 +291,9 @@ HISTORY_CAP = 200
 
 
 def history_table(row: Resource) -> str:
-    """Every attempt on the row, newest first, read by row (an index on the attempt table)."""
-    attempts = list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP])
+    """Every attempt on the row, newest first, read by row (an index on the attempt table);
+    the one that gave it back is the row's own (`rows.history`)."""
+    attempts = ledger_rows.history(row, list(row.attempts.order_by("-at", "-id")[:HISTORY_CAP]))[:HISTORY_CAP]
     if not attempts:
         return "no attempt yet"
     body = format_html(

@@ -7,6 +7,7 @@ and end pages); nothing imports it but the package, which Django's admin autodis
 """
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from django.contrib import admin, messages
@@ -27,10 +28,12 @@ from ..conf import max_revert_attempts, setting
 from ..manual import check_cleanup, request_cleanups
 from ..models import UNRESOLVED, Resource, ResourceState, Run, RunLog, RunStatus, Step
 from ..plan import WAITING, cleanup_plan, unread_ids
+from ..rows import counted_unresolved
 from ..runner import RunStateError, cancel_run
 from ..security import refreshes_itself
 from ..sweep import CleanupRefused
-from . import live
+from . import charts, live
+from .idents import whole_id
 from .lists import (
     BackendColumnMixin,
     BackendFilter,
@@ -48,6 +51,8 @@ from .lists import (
     when,
 )
 from .logtext import details, sentence
+from .runfilters import RunBackendFilter, StartedByFilter
+from .snapshot import snapshot
 from .starting import RunStartAdmin, give_back_preview
 from .summaries import row_what
 
@@ -56,14 +61,20 @@ PAGE_ROWS = 50
 PAGE_STEPS = 50
 PAGE_LOG = 50
 PLAN_ROWS = 200
-ERROR_CHARS = 70
+ERROR_CHARS = 240  # a reason read in the list, wrapping; the whole on the step's page
 
 
 @admin.register(Run)
-class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
+class RunAdmin(RunStartAdmin, PersonActionsAdmin):
     list_display = ["id", "name", "status", "cleanup_status", "unresolved", "created", "ended"]
     list_display_links = ["id", "name"]
-    list_filter = ["status", "cleanup_status"]
+    list_filter = [
+        "status",
+        "cleanup_status",
+        RunBackendFilter,
+        StartedByFilter,
+        ("created_at", admin.DateFieldListFilter),
+    ]
     search_fields = ["name"]
     fields = [("name", "status", "cleanup_status"), ("auto_cleanup", "wakes", "created", "ended")]
     readonly_fields = ["name", "status", "cleanup_status", "auto_cleanup", "wakes", "created", "ended"]
@@ -72,9 +83,10 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
     ordering = ["-id"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
-        # Counted per listed run through the partial index of unresolved rows.
+        # Counted per listed run through the partial index of unresolved rows, as the row
+        # owner counts them (`rows.counted_unresolved`): the number its page and the index say.
         unresolved = (
-            Resource.objects.filter(run=OuterRef("pk"), state__in=UNRESOLVED)
+            counted_unresolved(Resource.objects.filter(run=OuterRef("pk")))
             .order_by()
             .values("run")
             .annotate(n=Count("id"))
@@ -100,9 +112,9 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
     def get_urls(self) -> list[URLPattern]:
         # A fragment is read, never written to: GET and HEAD alone.
         # Read by the page itself: not a person's activity for the idle session's clock.
-        run = refreshes_itself(self.admin_site.admin_view(require_safe(self.live_view)))
+        run = refreshes_itself(self.admin_site.admin_view(require_safe(live.unless_unchanged(self.live_view))))
         run.model_admin = self  # type: ignore[attr-defined]  # the input guard checks its query as any page's of this admin
-        index = refreshes_itself(self.admin_site.admin_view(require_safe(live.index_fragment)))
+        index = refreshes_itself(self.admin_site.admin_view(require_safe(live.unless_unchanged(live.index_fragment))))
         return [
             path("<int:object_id>/live/", run, name="cleanup_run_live"),
             path("live-index/", index, name="cleanup_live_index"),
@@ -113,11 +125,14 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
         """The live parts of a run's page (`cleanup.admin.live`): permission first, then the run."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        run = self.get_object(request, str(object_id))
-        if run is None:
-            raise Http404("No such run.")
-        context = {**self.run_page(request, run, live_read=False), "original": run}
-        return TemplateResponse(request, "admin/cleanup/run/live.html", context)
+        with snapshot():
+            run = self.get_object(request, str(object_id))
+            if run is None:
+                raise Http404("No such run.")
+            context = {**self.run_page(request, run, live_read=False), "original": run}
+            response = TemplateResponse(request, "admin/cleanup/run/live.html", context)
+            response.render()  # inside the snapshot
+            return response
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Run) -> str:
@@ -138,11 +153,18 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
         # Checked before anything is read (the gate of `PermissionFirstMixin` checks it too).
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        run = self.get_object(request, object_id)
-        extra: dict[str, Any] = {}
-        if run is not None:
-            extra = self.run_page(request, run)
-        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+        # Status, counts, rows, plan, timeline and actions from one snapshot, so that they
+        # never disagree; not with ?live=1, whose module calls stay outside any transaction.
+        reading = request.method in ("GET", "HEAD") and request.GET.get("live") != "1"
+        with snapshot() if reading else nullcontext():
+            run = self.get_object(request, object_id)
+            extra: dict[str, Any] = {}
+            if run is not None:
+                extra = self.run_page(request, run)
+            response = super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+            if reading and isinstance(response, TemplateResponse):
+                response.render()  # inside the snapshot: a template's lazy query reads it too
+            return response
 
     def run_page(self, request: HttpRequest, run: Run, live_read: bool | None = None) -> dict[str, Any]:
         """Steps, rows (unresolved first), log (newest first) and plan, each capped.
@@ -198,15 +220,17 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
             context.update(self.ledger_part(request, run, steps, live_read))
         # The timeline draws the rows and the log: it is shown to who may see both.
         context["timeline"] = timeline.svg(run) if see_rows and see_log else None
+        context["run_chart"] = charts.run_given_back_per_minute(run) if see_rows else None
         return context
 
     def ledger_part(self, request: HttpRequest, run: Run, steps: Sequence[Step], live_read: bool) -> dict[str, Any]:
         """The run's rows, their counts and its cleanup plan (with live values on ``?live=1``)."""
         max_attempts = max_revert_attempts()
         now = timezone.now()
-        rows = list(
-            Resource.objects.filter(run=run, state__in=UNRESOLVED).select_related("run").order_by("id")[:PAGE_ROWS]
-        )
+        # The unresolved rows as they are counted: a step's placeholder beside the resources
+        # it stands for is neither listed nor counted (`rows.counted_unresolved`).
+        waiting = counted_unresolved(Resource.objects.filter(run=run))
+        rows = list(waiting.select_related("run").order_by("id")[:PAGE_ROWS])
         if len(rows) < PAGE_ROWS:
             rows += list(
                 Resource.objects.filter(run=run)
@@ -220,6 +244,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
             row.attempt_text = attempt_text(row, max_attempts, now)
             row.state_class, row.state_word, row.state_line = state_shown(row)
             row.what = row_what(row.kind, row.ref, row.payload)
+            row.ref_shown = whole_id(row.ref, href=reverse("admin:cleanup_resource_change", args=[row.pk]))
         by_state_and_backend = (
             Resource.objects.filter(run=run).order_by().values_list("state", "backend").annotate(n=Count("id"))
         )
@@ -228,6 +253,12 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
         for state, backend, n in by_state_and_backend:
             counts[state] = counts.get(state, 0) + n
             backends[backend] = backends.get(backend, 0) + n
+        row_total = sum(counts.values())
+        # Each unresolved state as the row owner counts it, so the states add up to the
+        # unresolved rows the heading, the index, its filters and an alert say.
+        unresolved_by_state = dict(waiting.order_by().values_list("state").annotate(n=Count("id")))
+        aside = sum(counts.get(s, 0) for s in UNRESOLVED) - sum(unresolved_by_state.values())
+        counts = {s: n for s, n in counts.items() if s not in UNRESOLVED} | unresolved_by_state
         fleet = bool(
             site_backends(request) or any(backends) or any(s.backend for s in steps) or any(r.backend for r in rows)
         )
@@ -237,7 +268,9 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
         return {
             "rows": rows,
             "row_counts": [(s.label, counts.get(s.value, 0)) for s in ResourceState if counts.get(s.value)],
-            "row_total": sum(counts.values()),
+            "row_total": row_total,
+            "placeholders_aside": aside,
+            "row_listed": row_total - aside,
             "fleet": fleet,
             "row_backends": [
                 (backend, n, filtered("resource", run__id__exact=run.pk, backend=backend))
@@ -246,7 +279,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
             ]
             if fleet
             else [],
-            "unresolved_total": sum(counts.get(s, 0) for s in UNRESOLVED),
+            "unresolved_total": sum(unresolved_by_state.values()),
             "plan": plan,
             "plan_capped": sum(len(g["rows"]) for g in plan) >= PLAN_ROWS,
             "plan_unread": len(unread_ids(plan)) if live_read else 0,
@@ -301,7 +334,7 @@ class RunAdmin(RunStartAdmin, PersonActionsAdmin):  # type: ignore[misc]  # list
             entry: dict[str, Any] = {"run": run, "refusal": refusal}
             if refusal is None:
                 counts = dict(
-                    Resource.objects.filter(run=run, state__in=UNRESOLVED)
+                    counted_unresolved(Resource.objects.filter(run=run))
                     .order_by()
                     .values_list("state")
                     .annotate(n=Count("id"))
@@ -386,7 +419,7 @@ def in_words(entries: Iterable[RunLog]) -> list[RunLog]:
 
 
 @admin.register(Step)
-class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):  # type: ignore[misc]  # lists' paginator is not a ClassVar
+class StepAdmin(BackendColumnMixin, ReadOnlyAdmin):
     list_display = ["position", "action_id", "status", "attempts", "error", "run_name", "finished"]
     list_filter = ["status", BackendFilter]
     backend_after = "action_id"

@@ -26,9 +26,9 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from .. import registry, validation
-from ..models import STEP_KIND, UNRESOLVED, Resource, Run, RunStatus, Step, StepStatus
+from ..models import STEP_KIND, UNRESOLVED, CleanupStatus, Resource, Run, RunStatus, Step, StepStatus
 from ..plan import cleanup_plan
-from ..runner import RunSpecError, RunStateError, cancel_run, start_run, validate_spec
+from ..runner import CleanedStep, RunSpecError, RunStateError, cancel_run, start_run, validate_spec
 from .lists import actor
 
 # The form shows the run's steps and a few blank lines; "Add step lines" adds more.
@@ -61,6 +61,13 @@ def installed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     actions = [entry(a, "action") for _, a in sorted(registry.actions().items())]
     leases = [entry(lease, "lease") for _, lease in sorted(registry.leases().items())]
     return actions, leases
+
+
+def _run_name(run_id: int | None) -> str:
+    """The name of the run a run-again copies, for its breadcrumb ("#8 Wolf hunt")."""
+    if run_id is None:
+        return ""
+    return str(Run.objects.filter(pk=run_id).values_list("name", flat=True).first() or "")
 
 
 class StepLines:
@@ -225,12 +232,13 @@ class RunStartAdmin(_RunAdmin):
             "actions": actions,
             "leases": leases,
             "again": again,
+            "again_name": _run_name(again),
             "max_steps": validation.limit("EVENT_MAX_STEPS"),
         }
         return TemplateResponse(request, "admin/cleanup/run/start.html", context)
 
     def start_confirm(
-        self, request: HttpRequest, name: str, lines: StepLines, validated: list[dict[str, Any]], again: int | None
+        self, request: HttpRequest, name: str, lines: StepLines, validated: list[CleanedStep], again: int | None
     ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
@@ -250,6 +258,7 @@ class RunStartAdmin(_RunAdmin):
             "line_count": len(lines.lines),
             "raw_name": name,
             "again": again,
+            "again_name": _run_name(again),
         }
         return TemplateResponse(request, "admin/cleanup/run/start_confirm.html", context)
 
@@ -273,11 +282,15 @@ class RunStartAdmin(_RunAdmin):
                 return run_page
             said = "Ended now, giving back what it took" if cleanup else "Ended now, leaving what it took for later"
             self.log_change(request, run, said)
-            self.message_user(
-                request,
-                f"{said}." + (" Its cleanup is queued; this page shows it." if cleanup else ""),
-                messages.SUCCESS,
-            )
+            if cleanup:
+                # The pass may already have given everything back (a worker was free): say which.
+                status = Run.objects.filter(pk=run.pk).values_list("cleanup_status", flat=True).first()
+                said += (
+                    "; its cleanup is complete"
+                    if status in (CleanupStatus.COMPLETE, CleanupStatus.NOT_REQUIRED)
+                    else "; its cleanup is queued and this page shows it as it goes"
+                )
+            self.message_user(request, f"{said}.", messages.SUCCESS)
             return run_page
         context = {
             **self.admin_site.each_context(request),
@@ -296,11 +309,11 @@ class RunStartAdmin(_RunAdmin):
         return HttpResponseRedirect(reverse("admin:cleanup_run_changelist"))
 
 
-def runner_check(name: str, lines: StepLines) -> list[dict[str, Any]]:
+def runner_check(name: str, lines: StepLines) -> list[CleanedStep]:
     """The engine's check of a run spec, with the form's own JSON errors added."""
     errors = {field: message for line in lines.errors.values() for field, message in line.items()}
     try:
-        validated: list[dict[str, Any]] = validate_spec(name, lines.spec)
+        validated = validate_spec(name, lines.spec)
     except RunSpecError as exc:
         raise RunSpecError({**exc.errors, **errors}) from None
     if errors:

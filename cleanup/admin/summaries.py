@@ -1,10 +1,10 @@
 """What a ledger row is, and what a running run holds, in words a person on shift reads.
 
 A module's payload is its own, so the words come from the keys modules commonly use: what
-a row is (``creature``, ``item``, ``type``, ``name``) and where (``at``, ``place``,
-``where``); a lease row reads as its target, its baseline and the value applied. A run's
-holdings are counted from its unresolved rows in one bounded query, and summed up as
-"20 orc and 2 troll at north-gate; spawner orc-camp 1.0 → 5.0".
+a row is (``creature``, ``entity``, ``item``, ``setting``, ``type``, ``name``, ...) and where
+(``at``, ``place``, ``where``; a position as its coordinates); a lease row reads as its
+target, its baseline and the value applied. A run's holdings are counted from its
+unresolved rows in one bounded query, and summed up as "20 orc and 2 troll at north-gate; spawner orc-camp 1.0 → 5.0".
 
 May import models; nothing of the engine imports it (the admin's pages do).
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from ..models import UNRESOLVED, Resource
 
 # The payload keys a row's words come from, in the order they are looked for.
-WHAT_KEYS = ("creature", "item", "type", "name", "what")
+WHAT_KEYS = ("creature", "entity", "mob", "item", "node", "setting", "type", "name", "what")
 WHERE_KEYS = ("at", "place", "where", "location")
 # How many of a run's unresolved rows its summary reads: past it, "and more".
 HOLDINGS_ROWS = 2_000
@@ -23,7 +23,13 @@ HOLDINGS_PARTS = 6
 
 
 def _word(value: object) -> str | None:
-    return str(value)[:40] if isinstance(value, str | int | float) and not isinstance(value, bool) else None
+    if isinstance(value, list | tuple) and 0 < len(value) <= 4 and all(_scalar(v) for v in value):
+        return ",".join(str(v) for v in value)[:60]  # a position: 12,8,-40
+    return str(value)[:60] if _scalar(value) else None
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def lease_target(ref: str) -> str:

@@ -22,6 +22,7 @@ May import: Django and DRF only.
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
@@ -63,9 +64,19 @@ CODES = {
     "already_resolved": (409, "A waiver of a row already resolved, or held by a sweeper right now."),
     "already_down": (409, "A backend marked down that is down already."),
     "already_up": (409, "A backend marked up that is up already (or was never seen)."),
+    "walk_not_exact": (
+        409,
+        "A page of a walk by `updated_at` asked after rows of the list changed since the walk began; "
+        "walk by `id` or `-id` (exact), or start again.",
+    ),
     "idempotency_key_in_use": (
         409,
         "A request with this `Idempotency-Key` is still being worked on; `Retry-After` says when to retry.",
+    ),
+    "precondition_failed": (
+        412,
+        "An `If-Match` that is not the run's or row's current `ETag`: it changed since it was read; nothing "
+        "was written.",
     ),
     "payload_too_large": (413, "A body over `DATA_UPLOAD_MAX_MEMORY_SIZE`."),
     "unsupported_media_type": (415, "A body that is not `application/json`."),
@@ -95,6 +106,7 @@ CODE_OF_STATUS = {
     405: "method_not_allowed",
     406: "not_acceptable",
     409: "conflict",
+    412: "precondition_failed",
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "throttled",
@@ -109,6 +121,7 @@ GENERIC = {
     404: NOT_FOUND,
     405: "Method not allowed.",
     406: "Only JSON is answered here.",
+    412: "The object changed since it was read.",
     413: "The request body is too large.",
     415: "The body must be JSON (Content-Type: application/json).",
     429: "Too many requests.",
@@ -297,24 +310,38 @@ def mark_deprecated(request: HttpRequest, response: HttpResponseBase) -> HttpRes
 class ApiErrorsMiddleware:
     """Under ``/api/``, an error response that is not the envelope is replaced by one that is."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
-        self.get_response = get_response
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
         if not request.path.startswith(API_PREFIX):
             return self.get_response(request)
-        response: HttpResponseBase
-        if _too_large(request):
-            # Refused before anything reads the body (a form body is read by the CSRF check).
-            response = error_response(413)
-        else:
-            response = self.get_response(request)
-            if response.status_code >= 400 and not response.get("Content-Type", "").startswith("application/json"):
-                replaced = error_response(response.status_code, detail=GENERIC.get(response.status_code))
-                for header in ("Allow", "Retry-After", "WWW-Authenticate"):
-                    if header in response:
-                        replaced[header] = response[header]
-                response = replaced
+        # Refused before anything reads the body (a form body is read by the CSRF check).
+        response = error_response(413) if _too_large(request) else self.get_response(request)
+        return self.enveloped(request, response)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        if not request.path.startswith(API_PREFIX):
+            answer: HttpResponseBase = await self.get_response(request)
+            return answer
+        response = error_response(413) if _too_large(request) else await self.get_response(request)
+        return self.enveloped(request, response)
+
+    def enveloped(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        if response.status_code >= 400 and not response.get("Content-Type", "").startswith("application/json"):
+            replaced = error_response(response.status_code, detail=GENERIC.get(response.status_code))
+            for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+                if header in response:
+                    replaced[header] = response[header]
+            response = replaced
         if request.path.startswith(LEGACY_PREFIX):
             mark_deprecated(request, response)
         return response

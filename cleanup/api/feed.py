@@ -1,33 +1,48 @@
-"""`GET changes/`: the change feed, read or waited on; and `position`, where it stands now.
+"""`GET changes/`: the change feed, read, waited on or followed; and `position`, where it stands now.
 
 A console reads what happened after the highest id it has seen (`?after=`), and with
-``?wait=`` (up to 30 s) waits for it: the view asks the database in short queries, a
-moment apart, and closes its connection between them, so a waiting console holds no
+``?wait=`` (up to 30 s) waits for it; with ``Accept: text/event-stream`` it follows the
+feed as Server-Sent Events. `changes` is an async view: its synchronous part
+(`ChangesView`: authentication, permissions, throttles, parameters, a first read) runs
+once, gives its connection back, and the wait is then a coroutine parked on the process's
+listener (`cleanup.api.waiting`), so a waiting console holds no worker, no thread and no
 connection. The feed itself, one sequence over the run log and the modules' log, is
 `cleanup.feed`.
 May import: the models, `feed`, the API's own modules.
 """
 
-import time
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from django.http import QueryDict
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, QueryDict, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import feed
 from ..models import LogKind, ModuleEventKind
+from . import params, waiting
 from .views import MAX_ID, EventsAPI, errors
 
 MAX_WAIT_S = 30
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
-# How long a waiting request sleeps between two looks at the feed.
-POLL_S = 0.25
+KINDS = (*LogKind.values, *ModuleEventKind.values)
+SSE_TYPE = "text/event-stream"
+# A stream ends after this long (the browser's EventSource, or a console, reconnects with
+# Last-Event-ID), and says something at least this often, so that no proxy or server
+# closes it as idle.
+STREAM_S = 300
+KEEPALIVE_S = 15
 
 
 def position() -> int:
@@ -38,7 +53,7 @@ def position() -> int:
 class ChangeSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField(help_text="Its place in the feed: ask for `?after=` the highest id read.")
     at = serializers.DateTimeField()
-    kind = serializers.ChoiceField(choices=[*LogKind.values, *ModuleEventKind.values])
+    kind = serializers.ChoiceField(choices=KINDS)
     # A field named as `Field.source`: DRF takes declared fields off the class, the stubs cannot say so.
     source = serializers.ChoiceField(choices=feed.FEED_KINDS, help_text="The run log or the modules' log.")  # type: ignore[assignment]
     run = serializers.IntegerField(allow_null=True, help_text="The run of a run log entry; null for a module's.")
@@ -56,13 +71,62 @@ def whole_number(params: QueryDict, name: str, default: int, low: int, high: int
     return int(value)
 
 
-def pause(seconds: float) -> None:
-    """Sleep between two looks at the feed (a test replaces it to watch the connection)."""
-    time.sleep(seconds)
+def kinds_of(params: QueryDict) -> frozenset[str] | None:
+    value = params.get("kind")
+    if value is None:
+        return None
+    asked = [k.strip() for k in value.split(",")]
+    unknown = [k for k in asked if k not in KINDS]
+    if unknown or not asked:
+        raise ValidationError(
+            {"kind": [f"unknown kind {', '.join(map(repr, unknown))}; allowed values: {', '.join(KINDS)}"]}
+        )
+    return frozenset(asked)
 
 
-# The clock a wait is measured on (a test moves it on with `pause`).
-clock = time.monotonic
+def last_event_id(request: Request) -> int | None:
+    """The ``Last-Event-ID`` an event stream resumes from (a browser's EventSource sends it)."""
+    value = request.headers.get("Last-Event-ID")
+    if value is None or value == "":
+        return None
+    if not (value.isascii() and value.isdecimal()) or int(value) > MAX_ID:
+        raise ValidationError({"Last-Event-ID": [f"the id of an event of this stream, got {value!r}"]})
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a request left to wait (by `changes`, the async view) asked for."""
+
+    after: int
+    limit: int
+    run: int | None
+    kinds: frozenset[str] | None
+    wait_s: int
+    stream: bool
+    first: list[dict[str, Any]]
+    next_url: str
+
+
+def rendered(entries: list[dict[str, Any]]) -> bytes:
+    data: Any = ChangeSerializer(entries, many=True).data
+    body: bytes = JSONRenderer().render(data)
+    return body
+
+
+def next_link(url: str, last: int, limit: int) -> str:
+    return f'<{url}?after={last}&limit={limit}>; rel="next"'
+
+
+class JsonWhateverAccepted(params.NoFormatParameter):
+    """The feed answers JSON, and its refusals are JSON, whatever ``Accept`` says: an event
+    stream's request (``Accept: text/event-stream``) is checked as a JSON one is."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 @extend_schema(
@@ -80,6 +144,25 @@ clock = time.monotonic
             description=f"At most this many entries (default {DEFAULT_LIMIT}).",
         ),
         OpenApiParameter(
+            "run",
+            {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            description="Only this run's entries (a run log's; no module's).",
+        ),
+        OpenApiParameter(
+            "kind",
+            {"type": "array", "items": {"type": "string", "enum": list(KINDS)}, "minItems": 1},
+            style="form",
+            explode=False,
+            description="Only entries of these kinds, comma-separated.",
+        ),
+        OpenApiParameter(
+            "Last-Event-ID",
+            {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+            OpenApiParameter.HEADER,
+            description="With `Accept: text/event-stream`: the id of the last event received; the stream "
+            "resumes after it (as `after` does).",
+        ),
+        OpenApiParameter(
             "wait",
             {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_S},
             description="With nothing after `after`, wait up to this many seconds for something to happen; "
@@ -94,27 +177,145 @@ clock = time.monotonic
 class ChangesView(EventsAPI, APIView):
     """Needs `cleanup.view_runlog` and `cleanup.view_moduleevent`. Ids increase and are never
     reused; an entry committed late is placed when it is committed, after everything
-    already listed, so reading on from the highest id seen misses nothing. Ids may skip."""
+    already listed, so reading on from the highest id seen misses nothing. Ids may skip.
+    With `Accept: text/event-stream` the same entries come as Server-Sent Events, each
+    with its id, as they happen (from `after`, from `Last-Event-ID`, else from now)."""
 
     required_perms = {"GET": ["cleanup.view_runlog", "cleanup.view_moduleevent"]}
     pagination_class = None  # a sequence read on by `after`, not pages
-    filters = ("after", "limit", "wait")
+    filters = ("after", "limit", "wait", "run", "kind")
+    content_negotiation_class = JsonWhateverAccepted
 
     def get(self, request: Request) -> Response:
         params = request.query_params
+        stream = getattr(request._request, "event_stream", False)
+        resume = last_event_id(request) if stream else None
         after = whole_number(params, "after", 0, 0, MAX_ID)
         limit = whole_number(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         wait = whole_number(params, "wait", 0, 0, MAX_WAIT_S)
-        deadline = clock() + wait
-        while True:
-            found = feed.entries_after(after, limit)
-            left = deadline - clock()
-            if found or left <= 0:
-                break
-            feed.release_connection()
-            pause(min(POLL_S, left))
-        response = Response(ChangeSerializer(found, many=True).data)
-        last = found[-1]["id"] if found else after
+        run = whole_number(params, "run", 0, 1, MAX_ID) if "run" in params else None
+        kinds = kinds_of(params)
+        if resume is not None:
+            after = resume
+        elif stream and "after" not in params:
+            after = feed.position()
+        # A wait's first look is at what the process's listener holds, when it is current (the
+        # async view looked before this part began); else at the database.
+        remembered = getattr(request._request, "feed_remembered", None)
+        if remembered is not None and (wait or stream) and remembered[0] == (after, limit, run, kinds):
+            found = remembered[1]
+        else:
+            found = feed.entries_after(after, limit, run, kinds)
         url = request.build_absolute_uri(request.path)
-        response["Link"] = f'<{url}?after={last}&limit={limit}>; rel="next"'
+        if stream or (wait and not found):
+            # Left to `changes` to wait, with no connection held meanwhile.
+            feed.release_connection()
+            response = Response(status=200)
+            response.waiting = Wait(after, limit, run, kinds, wait, stream, found, url)  # type: ignore[attr-defined]
+            return response
+        response = Response(ChangeSerializer(found, many=True).data)
+        response["Link"] = next_link(url, found[-1]["id"] if found else after, limit)
         return response
+
+
+checked = ChangesView.as_view()
+
+
+def _checked(request: HttpRequest) -> HttpResponseBase:
+    """The synchronous part: authentication, permissions, throttles, parameters, a first read."""
+    try:
+        response = checked(request)
+        if getattr(response, "waiting", None) is None and hasattr(response, "render"):
+            response.render()
+        return response
+    finally:
+        waiting.close_connection()
+
+
+def remembered_first_look(
+    request: HttpRequest, stream: bool
+) -> tuple[tuple[int, int, int | None, frozenset[str] | None], list[dict[str, Any]]] | None:
+    """A wait's first look from the listener's memory, keyed by what it asked (checked again,
+    with the rest, by `ChangesView`): None when the query is not a wait, cannot be read here,
+    or the memory is not current."""
+    params = request.GET
+    try:
+        if not stream and whole_number(params, "wait", 0, 0, MAX_WAIT_S) == 0:
+            return None
+        if stream and ("after" not in params or request.META.get("HTTP_LAST_EVENT_ID")):
+            return None
+        after = whole_number(params, "after", 0, 0, MAX_ID)
+        limit = whole_number(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        run = whole_number(params, "run", 0, 1, MAX_ID) if "run" in params else None
+        kinds = kinds_of(params)
+    except ValidationError:
+        return None
+    found = waiting.in_memory(after, limit, run, kinds)
+    return None if found is None else ((after, limit, run, kinds), found)
+
+
+async def changes(request: HttpRequest) -> HttpResponseBase:
+    """`ChangesView`, with its waits (a long poll, an event stream) parked on the process's
+    listener (`waiting`) instead of a worker, a thread or a connection."""
+    stream = SSE_TYPE in request.headers.get("Accept", "")
+    if stream:
+        request.event_stream = True  # type: ignore[attr-defined]
+    remembered = remembered_first_look(request, stream)
+    if remembered is not None:
+        request.feed_remembered = remembered  # type: ignore[attr-defined]
+    response = await sync_to_async(_checked)(request)
+    plan: Wait | None = getattr(response, "waiting", None)
+    if plan is None:
+        return response
+    waiting.let_go_of_request_thread()
+    if plan.stream:
+        # Served by WSGI (runserver, a sync test server), a stream would be read whole before
+        # it is sent: it then says what is there and ends, and the client asks again later.
+        body = event_stream(plan, STREAM_S) if isinstance(request, ASGIRequest) else iter(stream_head(plan, 0))
+        events = StreamingHttpResponse(body, content_type=SSE_TYPE)
+        events["X-Accel-Buffering"] = "no"  # a proxy passes each event on at once
+        return events
+    found = await waiting.wait_for_entries(plan.after, plan.limit, plan.run, plan.kinds, plan.wait_s)
+    answer = HttpResponse(rendered(found), content_type="application/json")
+    answer["Link"] = next_link(plan.next_url, found[-1]["id"] if found else plan.after, plan.limit)
+    return answer
+
+
+changes.csrf_exempt = True  # type: ignore[attr-defined]  # a GET, as DRF's views are
+# The schema is generated from the view class (`cleanup.api.schema` reads `cls`).
+changes.cls = ChangesView  # type: ignore[attr-defined]
+changes.initkwargs = {}  # type: ignore[attr-defined]
+# As a class's `as_view` would say (the checks of the query parameters read them).
+changes.view_class = ChangesView  # type: ignore[attr-defined]
+changes.view_initkwargs = {}  # type: ignore[attr-defined]
+
+
+def event(entry: dict[str, Any]) -> str:
+    data: Any = ChangeSerializer(entry).data
+    return f"id: {entry['id']}\nevent: change\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def stream_head(plan: Wait, seconds: float) -> list[str]:
+    """What a stream says first: when to reconnect, where it starts, what was there already.
+    (Served by WSGI, that is the whole stream, read at once: a sync iterator, as WSGI wants.)"""
+    return [f"retry: {1000 if seconds else 5000}\n: from {plan.after}\n\n", *map(event, plan.first)]
+
+
+async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
+    """The feed after ``plan.after`` as Server-Sent Events, for ``seconds``."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + seconds
+    for line in stream_head(plan, seconds):
+        yield line
+    after = plan.first[-1]["id"] if plan.first else plan.after
+    found: list[dict[str, Any]] = []
+    while True:
+        for entry in found:
+            yield event(entry)
+            after = entry["id"]
+        left = ends - loop.time()
+        if left <= 0:
+            return
+        found = await waiting.wait_for_entries(after, plan.limit, plan.run, plan.kinds, min(KEEPALIVE_S, left))
+        if not found:
+            yield ": still here\n\n"

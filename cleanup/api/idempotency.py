@@ -22,7 +22,6 @@ import hashlib
 import itertools
 import json
 import time
-import unicodedata
 import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,9 @@ from ..models import IdempotencyKey
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 MAX_KEY = 255
+# What a key is made of: printable ASCII, not all spaces (a UUID is one).
+KEY_PATTERN = "^[ -~]*[!-~][ -~]*$"
+KEY_ALPHABET = f"1 to {MAX_KEY} printable ASCII characters (space to '~'), not all spaces"
 # How long a request holds its key while it works: longer than any request may take
 # (gunicorn kills a worker at 30 s), so only a dead request's hold is ever taken over.
 HOLD_S = 60
@@ -84,11 +86,15 @@ def key_of(request: Request) -> str | None:
     if key is None:
         return None
     if not key.strip():
-        raise ValidationError({HEADER: ["must not be empty"]})
+        raise ValidationError({HEADER: ["must not be empty or all spaces"]})
     if len(key) > MAX_KEY:
         raise ValidationError({HEADER: [f"at most {MAX_KEY} characters, got {len(key)}"]})
-    if any(unicodedata.category(char) == "Cc" for char in key):
-        raise ValidationError({HEADER: ["must not hold control characters"]})
+    # A header arrives as ISO-8859-1: each byte of a UTF-8 character reads as one past ASCII.
+    beyond = next((index for index, char in enumerate(key) if not " " <= char <= "~"), None)
+    if beyond is not None:
+        control = key[beyond] < " " or key[beyond] == "\x7f"
+        what = "a control character" if control else "past ASCII (a UTF-8 character's bytes are)"
+        raise ValidationError({HEADER: [f"must be printable ASCII, as a UUID is: byte {beyond} is {what}"]})
     return key
 
 
@@ -242,8 +248,9 @@ KEY_PARAMETER = {
     "in": "header",
     "name": HEADER,
     "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY},
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY, "pattern": KEY_PATTERN},
     "description": (
+        f"{KEY_ALPHABET}, such as a UUID; another is refused, 400 invalid. "
         "Makes the POST safe to retry: the same key with the same request within EVENT_IDEMPOTENCY_TTL_S "
         "answers the first answer again (status, body and Location) with Idempotent-Replayed: true, "
         "and does nothing twice; the same key with another request answers 422 idempotency_key_reused."

@@ -21,9 +21,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import outages, registry
+from .. import deadman, outages, registry
 from ..models import ModuleEvent, ModuleHealth, ModuleState
 from . import serializers as s
+from .conditional import IF_NONE_MATCH, NOT_MODIFIED, conditional
 from .errors import Conflict
 from .views import BACKEND_PARAM, BACKEND_PATH, EventsAPI, actor, backend_checked, by_backend, errors
 
@@ -46,6 +47,7 @@ def describe(health: ModuleHealth, registered: Collection[str]) -> dict[str, Any
         "restarts_seen": health.restarts_seen,
         "reconcile_owed_since": health.reconcile_owed_since,
         "waiting": health.waiting_text() if down else None,
+        "switch": deadman.shown(health.module, health.backend),
     }
 
 
@@ -75,7 +77,8 @@ def known(name: str) -> str:
 @extend_schema(
     tags=["modules"],
     summary="Every module, with the health of each of its backends",
-    responses={200: s.ModuleHealthSerializer(many=True), **errors()},
+    parameters=[IF_NONE_MATCH],
+    responses={200: s.ModuleHealthSerializer(many=True), 304: NOT_MODIFIED, **errors()},
 )
 class ModuleListView(EventsAPI, APIView):
     """Needs `cleanup.view_modulehealth`. Every registered module and every module that was
@@ -90,7 +93,7 @@ class ModuleListView(EventsAPI, APIView):
         known_modules = outages.known_modules()
         backends = outages.backends_of(known_modules)
         answer = [describe_module(m, backends[m], registered) for m in known_modules]
-        return Response(s.ModuleHealthSerializer(answer, many=True).data)
+        return conditional(request, Response(s.ModuleHealthSerializer(answer, many=True).data), weak=True)
 
 
 @extend_schema(

@@ -3,6 +3,10 @@
 May import: the models, conf, `cleanup.rows`, `outages`, `validation`, `plan` (its codes) and the API's errors.
 """
 
+import datetime as dt
+from typing import Any, cast
+
+from django.db.models import Choices
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -13,6 +17,7 @@ from ..conf import max_revert_attempts
 from ..models import (
     CleanupStatus,
     ModuleEvent,
+    ModuleHealth,
     ModuleState,
     Resource,
     ResourceState,
@@ -20,6 +25,7 @@ from ..models import (
     RunLog,
     RunStatus,
     Step,
+    Waiting,
 )
 from ..plan import NEXT_CODES
 from .errors import CODE_CHOICES
@@ -52,7 +58,7 @@ class JsonObjectField(serializers.JSONField):
 class StrictBooleanField(serializers.BooleanField):
     """JSON ``true`` or ``false`` only: ``"yes"``, ``1`` or ``"false"`` are refused, not guessed at."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: object) -> bool:
         if data is True or data is False:
             return data
         self.fail("invalid", input=data)
@@ -61,7 +67,7 @@ class StrictBooleanField(serializers.BooleanField):
 class StrictCharField(serializers.CharField):
     """A JSON string only (``5`` is not taken as ``"5"``), checked by `cleanup.validation`."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: object) -> str:
         if not isinstance(data, str):
             self.fail("invalid_type", type=validation.json_type(data))
         if message := validation.text_error(data, self.max_length or validation.MAX_REASON):
@@ -74,10 +80,10 @@ class StrictCharField(serializers.CharField):
 # -- in -------------------------------------------------------------------------------
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[Any]):
     """A request body: a JSON object whose every field is one the endpoint knows."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> Any:  # the request's body, whatever JSON it is
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
@@ -89,9 +95,17 @@ class EmptySerializer(StrictSerializer):
     """No body, or an empty object."""
 
 
-class StepSpecSerializer(serializers.Serializer):
-    action = serializers.CharField(help_text='A registered action, such as "core.wait".')
-    params = serializers.DictField(required=False, help_text="The action's parameters (default {}).")
+class StepSpecSerializer(serializers.Serializer[Any]):
+    action = StrictCharField(
+        max_length=validation.MAX_ACTION,
+        help_text='An action a module registers, such as "core.wait"; another answers 400 naming steps[i].action.',
+    )
+    params = serializers.DictField(
+        required=False,
+        help_text="The action's parameters (default {}): JSON nested at most 32 levels, its keys and strings "
+        "clean text, whole numbers within 64 bits, at most EVENT_MAX_PARAMS_BYTES; the action checks the "
+        "rest and a refusal names steps[i].params.",
+    )
 
 
 class RunStartSerializer(StrictSerializer):
@@ -101,8 +115,10 @@ class RunStartSerializer(StrictSerializer):
     field messages, keyed like ``steps[1].action``.
     """
 
-    name = serializers.CharField(max_length=200)
-    steps = StepSpecSerializer(many=True)
+    name = StrictCharField(max_length=validation.MAX_NAME, help_text="What people call the run; clean text.")
+    steps = StepSpecSerializer(
+        many=True, allow_empty=False, help_text="What the run does, in order: 1 to EVENT_MAX_STEPS steps."
+    )
 
 
 class CancelSerializer(StrictSerializer):
@@ -131,7 +147,7 @@ class MarkDownSerializer(StrictSerializer):
         "down until a person marks it up: probes only say what they see.",
     )
 
-    def validate_until(self, value):
+    def validate_until(self, value: dt.datetime | None) -> dt.datetime | None:
         if value is not None and value <= timezone.now():
             raise serializers.ValidationError("until must be in the future.")
         return value
@@ -163,12 +179,12 @@ MAX_ID = 2**63 - 1
         ]
     }
 )
-class RowsField(serializers.Field):
+class RowsField(serializers.Field[str | list[int], object, str | list[int], Any]):
     """``"all"``, or a list of row ids (at most `MAX_WAIVE_ROWS`)."""
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: object) -> str | list[int]:
         if data == "all":
-            return data
+            return "all"
         if not isinstance(data, list) or not data:
             raise serializers.ValidationError('"all", or a list of row ids')
         if len(data) > MAX_WAIVE_ROWS:
@@ -178,7 +194,7 @@ class RowsField(serializers.Field):
             raise serializers.ValidationError(f"row ids are whole numbers from 1 to {MAX_ID}, got {bad[0]!r}")
         return sorted(set(data))
 
-    def to_representation(self, value):
+    def to_representation(self, value: str | list[int]) -> str | list[int]:
         return value
 
 
@@ -186,7 +202,10 @@ class RunWaiveSerializer(StrictSerializer):
     reason = StrictCharField(
         max_length=validation.MAX_REASON, help_text="Why nothing is given back; logged with the actor."
     )
-    rows = RowsField(help_text='The run\'s rows to waive: their ids, or "all" for every unresolved row.')
+    rows = RowsField(
+        help_text='The run\'s rows to waive: their ids (a row of another run is refused, 400 naming it), or "all" '
+        "for every unresolved row."
+    )
 
 
 class ReconcileSerializer(StrictSerializer):
@@ -202,7 +221,7 @@ class ReconcileSerializer(StrictSerializer):
 BACKEND_HELP = "Which of its module's backends it acts on; \"\" for a module's only backend."
 
 
-class WaitingSerializer(serializers.Serializer):
+class WaitingSerializer(serializers.Serializer[Waiting]):
     """A ledger row waiting for its backend: its own state, never text in ``last_error``."""
 
     backend = serializers.CharField(help_text='The backend it waits for, as people read it: "sandbox/south".')
@@ -210,7 +229,7 @@ class WaitingSerializer(serializers.Serializer):
     reason = serializers.CharField(help_text="The last answer that blamed the backend, or a person's reason.")
 
 
-class StepSerializer(serializers.ModelSerializer):
+class StepSerializer(serializers.ModelSerializer[Step]):
     action = serializers.CharField(source="action_id")
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     params = JsonObjectField(read_only=True, help_text="The action's parameters, as the run was started with.")
@@ -239,12 +258,12 @@ class StepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     @extend_schema_field(WaitingSerializer(allow_null=True))
-    def get_waiting(self, step):
-        health = outages.step_waits_on(step)
+    def get_waiting(self, step: Step) -> dict[str, Any] | None:
+        health: ModuleHealth | None = outages.step_waits_on(step)
         return WaitingSerializer(health.waiting()).data if health else None
 
 
-class RunSerializer(serializers.ModelSerializer):
+class RunSerializer(serializers.ModelSerializer[Run]):
     unresolved = serializers.IntegerField(read_only=True, help_text="Ledger rows not yet resolved.")
 
     class Meta:
@@ -271,16 +290,19 @@ class RunDetailSerializer(RunSerializer):
         read_only_fields = fields
 
 
-class WaitingListSerializer(serializers.ListSerializer):
+class WaitingListSerializer(serializers.ListSerializer[Resource]):
     """Reads the down backends of a whole page in one query, for the rows' ``waiting``."""
 
-    def to_representation(self, data):
+    def to_representation(self, data: Any) -> list[Any]:  # a page of rows: a manager, a queryset or a list
         rows = list(data.all() if hasattr(data, "all") else data)
-        self.context["waiting"] = outages.waiting_on({(r.module, r.backend) for r in rows}) if rows else {}
+        # DRF's context is the dict the view passed (a Mapping to the stubs): the rows read it.
+        cast(dict[str, Any], self.context)["waiting"] = (
+            outages.waiting_on({(r.module, r.backend) for r in rows}) if rows else {}
+        )
         return super().to_representation(rows)
 
 
-class ResourceSerializer(serializers.ModelSerializer):
+class ResourceSerializer(serializers.ModelSerializer[Resource]):
     backend = serializers.CharField(read_only=True, help_text=BACKEND_HELP)
     payload = JsonObjectField(read_only=True, help_text="What the module answered of it (a lease: baseline, applied).")
     waiting = serializers.SerializerMethodField(
@@ -326,9 +348,9 @@ class ResourceSerializer(serializers.ModelSerializer):
         list_serializer_class = WaitingListSerializer
 
     @extend_schema_field(WaitingSerializer(allow_null=True))
-    def get_waiting(self, row):
+    def get_waiting(self, row: Resource) -> dict[str, Any] | None:
         key = (row.module, row.backend)
-        down = self.context.get("waiting")
+        down: dict[tuple[str, str], ModuleHealth] | None = self.context.get("waiting")
         if down is None:
             down = outages.waiting_on([key])
         health = down.get(key)
@@ -336,22 +358,36 @@ class ResourceSerializer(serializers.ModelSerializer):
             return None
         return WaitingSerializer(health.waiting()).data
 
-    def _tried_again(self, row):
+    def _tried_again(self, row: Resource) -> bool:
         """Will the sweep still try the row (`rows.tried_again`): what ``retryable`` says (rule 33)."""
         return ledger_rows.holds(row, ledger_rows.tried_again(timezone.now(), max_revert_attempts()))
 
     @extend_schema_field(serializers.BooleanField())
-    def get_retryable(self, row):
+    def get_retryable(self, row: Resource) -> bool:
         return self._tried_again(row)
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
-    def get_next_attempt_at(self, row):
+    def get_next_attempt_at(self, row: Resource) -> str | None:
         if row.next_attempt_at is None or not self._tried_again(row):
             return None
         return serializers.DateTimeField().to_representation(row.next_attempt_at)
 
 
-class BackendHealthSerializer(serializers.Serializer):
+class SwitchSerializer(serializers.Serializer[Any]):
+    """A backend's dead-man's switch (rule 34)."""
+
+    armed = serializers.BooleanField(help_text="Whether the backend holds a live session from the core.")
+    ttl_s = serializers.IntegerField(help_text="The ttl the backend was last told, in seconds.")
+    session = serializers.CharField(help_text="The session's id.")
+    renewed_at = serializers.DateTimeField(allow_null=True, help_text="Its last renewal; null when never.")
+    last_error = serializers.CharField(help_text='Why the last renewal failed; "" when it did not.')
+    holdings = serializers.IntegerField(help_text="What the backend holds under the session: unresolved ledger rows.")
+    lapses = serializers.IntegerField(help_text="How often its switch went off and gave back by itself.")
+    last_lapse_at = serializers.DateTimeField(allow_null=True, help_text="When the core heard of the last lapse.")
+    last_lapse_reason = serializers.CharField(help_text='The last lapse as staff read it; "" when none.')
+
+
+class BackendHealthSerializer(serializers.Serializer[Any]):
     module = serializers.CharField()
     backend = serializers.CharField(help_text='The backend; "" for the module\'s only backend.')
     name = serializers.CharField(help_text='How people read it: "sandbox/north", or the module alone for "".')
@@ -371,9 +407,12 @@ class BackendHealthSerializer(serializers.Serializer):
         help_text="Since when a reconcile is owed after a restart (rule 14), until one finishes; null when none is.",
     )
     waiting = serializers.CharField(allow_null=True, help_text="What its waiting work shows; null while up.")
+    switch = SwitchSerializer(
+        allow_null=True, help_text="Its dead-man's switch (rule 34); null when the backend keeps none."
+    )
 
 
-class ModuleHealthSerializer(serializers.Serializer):
+class ModuleHealthSerializer(serializers.Serializer[Any]):
     """A module: the fields of its only backend ``""`` (as before backends), and every backend."""
 
     module = serializers.CharField()
@@ -397,7 +436,7 @@ class ModuleHealthSerializer(serializers.Serializer):
     )
 
 
-class ModuleEventSerializer(serializers.ModelSerializer):
+class ModuleEventSerializer(serializers.ModelSerializer[ModuleEvent]):
     backend = serializers.CharField(read_only=True, help_text='The backend; "" for the module\'s only backend.')
     detail = JsonObjectField(read_only=True, help_text="The entry's details; its keys depend on its kind.")
 
@@ -411,7 +450,7 @@ class ModuleEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ModuleDownSerializer(serializers.Serializer):
+class ModuleDownSerializer(serializers.Serializer[Any]):
     module = serializers.CharField()
     backend = serializers.CharField(help_text='"" for the module\'s only backend.')
     name = serializers.CharField(help_text='"sandbox/north", or the module alone.')
@@ -420,7 +459,7 @@ class ModuleDownSerializer(serializers.Serializer):
     waiting = serializers.CharField()
 
 
-class RunLogSerializer(serializers.ModelSerializer):
+class RunLogSerializer(serializers.ModelSerializer[RunLog]):
     detail = JsonObjectField(read_only=True, help_text="The entry's details; its keys depend on its kind.")
 
     class Meta:
@@ -434,20 +473,20 @@ AFTER_HELP = (
 )
 
 
-class CleanupQueuedSerializer(serializers.Serializer):
+class CleanupQueuedSerializer(serializers.Serializer[Any]):
     run = RunSerializer()
     reset = serializers.IntegerField(help_text="Unresolved rows put back under the attempt ceiling (0 without reset).")
     queued = serializers.BooleanField()
     after = serializers.IntegerField(help_text=AFTER_HELP)
 
 
-class RunWaivedSerializer(serializers.Serializer):
+class RunWaivedSerializer(serializers.Serializer[Any]):
     run = RunSerializer()
     waived = serializers.IntegerField(help_text="Rows waived by this request.")
     after = serializers.IntegerField(help_text=AFTER_HELP)
 
 
-class ReconcileQueuedSerializer(serializers.Serializer):
+class ReconcileQueuedSerializer(serializers.Serializer[Any]):
     module = serializers.CharField()
     restarted = serializers.BooleanField()
     queued = serializers.BooleanField()
@@ -458,12 +497,12 @@ class BackendReconcileQueuedSerializer(ReconcileQueuedSerializer):
     backend = serializers.CharField(help_text="The one backend whose rows are reconciled.")
 
 
-class PlanHeirSerializer(serializers.Serializer):
+class PlanHeirSerializer(serializers.Serializer[Any]):
     resource = serializers.IntegerField(help_text="The newer lease's ledger row.")
     run = serializers.IntegerField(help_text="Its run.")
 
 
-class PlanLiveSerializer(serializers.Serializer):
+class PlanLiveSerializer(serializers.Serializer[Any]):
     value = JsonValueField(required=False, help_text="The value in force now, when it could be read.")
     error = serializers.CharField(required=False, help_text="Why it could not be read.")
     unread = serializers.CharField(
@@ -472,7 +511,7 @@ class PlanLiveSerializer(serializers.Serializer):
     )
 
 
-class PlanLeaseSerializer(serializers.Serializer):
+class PlanLeaseSerializer(serializers.Serializer[Any]):
     baseline = JsonValueField(help_text="The value before the lease, to be restored.")
     applied = JsonValueField(help_text="The value this run applied.")
     hand_down_to = PlanHeirSerializer(allow_null=True, help_text="The newer lease that inherits the baseline.")
@@ -483,7 +522,7 @@ class PlanLeaseSerializer(serializers.Serializer):
     )
 
 
-class PlanRowSerializer(serializers.Serializer):
+class PlanRowSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     kind = serializers.CharField(help_text='What the module calls it ("creature"); "override" for a lease.')
     ref = serializers.CharField()
@@ -497,11 +536,11 @@ class PlanRowSerializer(serializers.Serializer):
 class NextField(serializers.ChoiceField):
     """The plan's verdict on a group (`cleanup.plan`'s words for people) as its code."""
 
-    def to_representation(self, value):
+    def to_representation(self, value: str) -> str:
         return NEXT_CODES[value]
 
 
-class PlanGroupSerializer(serializers.Serializer):
+class PlanGroupSerializer(serializers.Serializer[Any]):
     next = NextField(
         choices=list(NEXT_CODES.values()),
         help_text="What the next pass does: restore (a lease's baseline), hand_down (to a newer lease), "
@@ -513,7 +552,7 @@ class PlanGroupSerializer(serializers.Serializer):
     rows = PlanRowSerializer(many=True)
 
 
-class CleanupPlanSerializer(serializers.Serializer):
+class CleanupPlanSerializer(serializers.Serializer[Any]):
     run = serializers.IntegerField()
     next = serializers.URLField(allow_null=True, help_text="The next page of groups, null on the last.")
     previous = serializers.URLField(allow_null=True, help_text="The page before, null on the first.")
@@ -525,7 +564,7 @@ class CleanupPlanSerializer(serializers.Serializer):
     )
 
 
-def counts_by(name, choices):
+def counts_by(name: str, choices: type[Choices]) -> type[serializers.Serializer[Any]]:
     """A serializer with one count per choice, each a named property: a client reads
     ``summary.runs.status.running``, not a key it has to know."""
     fields = {value: serializers.IntegerField(help_text=f"How many are {value}.") for value in choices.values}
@@ -537,32 +576,33 @@ CleanupStatusCountsSerializer = counts_by("CleanupStatusCountsSerializer", Clean
 ResourceStateCountsSerializer = counts_by("ResourceStateCountsSerializer", ResourceState)
 
 
-class RunCountsSerializer(serializers.Serializer):
+class RunCountsSerializer(serializers.Serializer[Any]):
     total = serializers.IntegerField()
     status = RunStatusCountsSerializer(help_text="Runs counted by status, every status present.")
     cleanup_status = CleanupStatusCountsSerializer(help_text="Runs counted by cleanup status, every one present.")
 
 
-class ResourceCountsSerializer(serializers.Serializer):
+class ResourceCountsSerializer(serializers.Serializer[Any]):
     total = serializers.IntegerField()
     state = ResourceStateCountsSerializer(help_text="Ledger rows counted by state, every state present.")
     unresolved = serializers.IntegerField()
 
 
-class SummarySerializer(serializers.Serializer):
+class SummarySerializer(serializers.Serializer[Any]):
     runs = RunCountsSerializer()
     resources = ResourceCountsSerializer()
     modules_down = ModuleDownSerializer(many=True, help_text="Each backend down, by module: its work waits.")
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[Any]):
     """Every error under the API: a stable code, a sentence, and the fields at fault if any."""
 
     code = serializers.ChoiceField(
         choices=CODE_CHOICES, help_text="Stable: branch on it (docs/api.md lists each code and its status)."
     )
     detail = serializers.CharField(help_text="A sentence for a person; it may be reworded.")
-    errors = serializers.DictField(
+    # A declared field: DRF's metaclass takes it off the class, so ``.errors`` stays the serializer's.
+    errors = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()),
         required=False,
         help_text='Each field or query parameter at fault ("steps[1].action", "live") with its messages.',

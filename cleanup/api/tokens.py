@@ -9,14 +9,33 @@ password changes or the user is deactivated (`revoke_on_password_or_deactivation
 to the user model's saves by the app).
 
 `TokenAuthentication` reads ``Authorization: Token <key>`` as knox does, and counts the
-failures of each client address (its address as DRF's throttles see it, ``NUM_PROXIES``):
-after ``EVENT_TOKEN_FAILURE_LIMIT`` within ``EVENT_TOKEN_FAILURE_WINDOW_S`` its token
-requests are answered 429 with ``Retry-After`` until the window has passed, the right
-token included. A key that could never be a token (not hex, too long) fails without a
-query.
+failures of each client address (its address as DRF's throttles see it, ``NUM_PROXIES``),
+in the counters every process shares (`cleanup.limits`), twice: per address, and per
+address and the key's prefix (its first 15 characters, what knox looks a token up by).
+After ``EVENT_TOKEN_FAILURE_LIMIT`` failures within ``EVENT_TOKEN_FAILURE_WINDOW_S``:
 
-May import: conf (and knox, DRF, Django); imported by the API's settings, the admin's
-token page, the ``create_token`` command and the app's start-up.
+- a key whose prefix failed that often from that address is answered 429 with
+  ``Retry-After`` until its window has passed, the right key with that prefix too;
+- from an address that failed that often, a key whose prefix is no token's is answered
+  429 without being tried; a key with a stored token's prefix is still tried, so the
+  consoles behind one NAT keep working while a guesser there is refused. Knowing a
+  prefix (60 bits) is not knowing a token, and its own failures lock it out in turn.
+
+A key that could never be a token (not hex, too long) fails without a query. A counters'
+cache that does not answer (Redis down) counts nothing, logged, rather than refuse every
+token.
+
+A console asking again and again (a long poll's every answer) would cost each time the
+token's lookup, its user's other tokens and the user's permissions: each process remembers
+a token it authenticated, with its user and the user's permissions as read then, for
+``EVENT_TOKEN_AUTH_MEMORY_S`` (5 s; 0 turns it off), keyed by the key's digest. The
+failure counts are still read first, and an expired token is not answered from memory. A
+token revoked, a user saved (a password change, a deactivation) or a permission or group
+changed empties the memory of the process that made the change at once (signals); the
+other processes ask the database again within the bound.
+
+May import: conf, limits (and knox, DRF, Django); imported by the API's settings, the
+admin's token page, the ``create_token`` command and the app's start-up.
 """
 
 import logging
@@ -27,10 +46,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.core.cache import cache
+from django.contrib.auth.models import Group
+from django.core.cache import BaseCache
 from django.db.models import Model
-from django.db.models.signals import post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.utils import timezone
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
+from knox.crypto import hash_token
 from knox.models import AuthToken
 from knox.settings import CONSTANTS
 from rest_framework import exceptions
@@ -38,6 +60,7 @@ from rest_framework.authentication import get_authorization_header
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
+from .. import limits
 from ..conf import setting
 
 logger = logging.getLogger("cleanup.tokens")
@@ -100,6 +123,48 @@ def revoke_on_password_or_deactivation(
 def connect(user_model: type[Model]) -> None:
     pre_save.connect(note_password_or_deactivation, sender=user_model, dispatch_uid="cleanup.tokens.note")
     post_save.connect(revoke_on_password_or_deactivation, sender=user_model, dispatch_uid="cleanup.tokens.revoke")
+    # What the memory of authentications holds goes stale: forget it all.
+    post_save.connect(forget, sender=user_model, dispatch_uid="cleanup.tokens.forget.user")
+    post_delete.connect(forget, sender=user_model, dispatch_uid="cleanup.tokens.forget.user_deleted")
+    post_delete.connect(forget, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token")
+    post_save.connect(forget, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token_saved")
+    post_delete.connect(forget, sender=Group, dispatch_uid="cleanup.tokens.forget.group")
+    for through in (
+        getattr(user_model, "user_permissions", None),
+        getattr(user_model, "groups", None),
+        Group.permissions,
+    ):
+        if through is not None:
+            m2m_changed.connect(forget, sender=through.through, dispatch_uid=f"cleanup.tokens.forget.{through.through}")
+
+
+# A process's memory of the tokens it authenticated lately ---------------------------------
+
+# digest of the key -> (until, by time.monotonic(); user; token row)
+_remembered: dict[str, tuple[float, Any, Any]] = {}
+REMEMBERED_MAX = 10_000
+
+
+def forget(**kwargs: object) -> None:
+    """Empty this process's memory of authentications (a token, a user or a permission changed)."""
+    _remembered.clear()
+
+
+def _recalled(digest: str) -> tuple[Any, Any] | None:
+    found = _remembered.get(digest)
+    if found is None:
+        return None
+    until, user, token = found
+    if until <= time.monotonic() or (token.expiry is not None and token.expiry <= timezone.now()):
+        _remembered.pop(digest, None)
+        return None
+    return user, token
+
+
+def _remember(digest: str, user_and_token: tuple[Any, Any], seconds: float) -> None:
+    if len(_remembered) >= REMEMBERED_MAX:
+        _remembered.clear()
+    _remembered[digest] = (time.monotonic() + seconds, *user_and_token)
 
 
 # Authentication, throttled per client address -------------------------------------------
@@ -118,33 +183,70 @@ def client_address(request: Request) -> str | None:
     return _Ident().get_ident(request)
 
 
-def _failures(key: str, now: float, window: float) -> list[float]:
-    return [t for t in cache.get(key, []) if isinstance(t, int | float) and now - t < window]
+def key_prefix(key: str) -> str:
+    """The part of a presented key knox looks a token up by; ``-`` for a key that is no token's shape."""
+    return key[: CONSTANTS.TOKEN_KEY_LENGTH] if TOKEN_SHAPE.fullmatch(key) else "-"
+
+
+def _within(value: object, now: float, window: float) -> list[float]:
+    times = value if isinstance(value, list) else []
+    return [t for t in times if isinstance(t, int | float) and now - t < window]
 
 
 class TokenAuthentication(KnoxTokenAuthentication):  # type: ignore[misc]  # knox ships no types
-    """Knox's token authentication, with each client address's failures counted and bounded."""
+    """Knox's token authentication, with failures counted and bounded per client address and
+    per (address, key prefix)."""
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         header = get_authorization_header(request).split()
         if not header or header[0].lower() != self.authenticate_header(request).encode().lower():
             return None  # not a token: session authentication, or none
-        key = FAILURES_KEY.format(client_address(request))
+        presented = header[1].decode("ascii", "replace") if len(header) == 2 else ""
+        address = client_address(request)
+        by_address = FAILURES_KEY.format(address)
+        by_prefix = f"{by_address}:{key_prefix(presented)}"
         limit: int = setting("EVENT_TOKEN_FAILURE_LIMIT")
         window: int = setting("EVENT_TOKEN_FAILURE_WINDOW_S")
         now = time.time()
-        failures = _failures(key, now, window)
-        if len(failures) >= limit:
-            raise self.refused(failures, limit, window, now)
+        counts: BaseCache | None = limits.counters()
+        try:
+            stored = counts.get_many([by_address, by_prefix]) if counts is not None else {}
+        except Exception:  # a cache that is down (Redis): no lockout rather than no API
+            logger.warning("the failed-token counts could not be read; not counted", exc_info=True)
+            counts, stored = None, {}
+        address_failures = _within(stored.get(by_address), now, window)
+        prefix_failures = _within(stored.get(by_prefix), now, window)
+        if len(prefix_failures) >= limit:
+            raise self.refused(prefix_failures, limit, window, now)
+        if len(address_failures) >= limit and not self.known_prefix(presented):
+            raise self.refused(address_failures, limit, window, now)
+        memory_s: int = setting("EVENT_TOKEN_AUTH_MEMORY_S")
+        digest = hash_token(presented) if memory_s > 0 and TOKEN_SHAPE.fullmatch(presented) else None
+        if digest is not None:
+            recalled = _recalled(digest)
+            if recalled is not None:
+                return recalled
         try:
             user_and_token: tuple[Any, Any] | None = super().authenticate(request)
+            if digest is not None and user_and_token is not None:
+                _remember(digest, user_and_token, memory_s)
             return user_and_token
         except exceptions.AuthenticationFailed:
-            failures = [*failures, now][-limit:]
-            cache.set(key, failures, window)
-            if len(failures) >= limit:
-                logger.warning("token authentication throttled for %s: %d failures", client_address(request), limit)
+            address_failures = [*address_failures, now][-limit:]
+            prefix_failures = [*prefix_failures, now][-limit:]
+            if counts is not None:
+                try:
+                    counts.set_many({by_address: address_failures, by_prefix: prefix_failures}, window)
+                except Exception:
+                    logger.warning("the failed-token counts could not be written", exc_info=True)
+            if len(address_failures) >= limit or len(prefix_failures) >= limit:
+                logger.warning("token authentication throttled for %s: %d failures", address, limit)
             raise
+
+    def known_prefix(self, key: str) -> bool:
+        """Is the key's prefix a stored token's? (one indexed query, asked only of a locked address)"""
+        prefix = key_prefix(key)
+        return prefix != "-" and AuthToken.objects.filter(token_key=prefix).exists()
 
     def refused(self, failures: list[float], limit: int, window: float, now: float) -> TooManyFailures:
         # The window of the oldest failure that counts must pass before the next try.

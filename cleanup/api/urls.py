@@ -42,7 +42,7 @@ urlpatterns = [
         name="events-backend-reconcile",
     ),
     path("summary/", views.SummaryView.as_view(), name="events-summary"),
-    path("changes/", feed.ChangesView.as_view(), name="events-changes"),
+    path("changes/", feed.changes, name="events-changes"),
 ]
 
 legacy_urlpatterns = [path(str(p.pattern), p.callback) for p in urlpatterns]

@@ -39,10 +39,10 @@ from ..runner import RunQuotaExceeded, RunSpecError, RunStateError, cancel_run, 
 from ..sweep import CleanupRefused
 from . import params
 from . import serializers as s
-from .conditional import IF_NONE_MATCH, NOT_MODIFIED, ETagged
+from .conditional import IF_MATCH, IF_NONE_MATCH, NOT_MODIFIED, ETagged, check_if_match
 from .errors import Conflict, error_response
 from .idempotency import IdempotentPosts
-from .pages import CursorPage, page_of_keys, with_links
+from .pages import CURSOR_HELP, CURSOR_SCHEMA, CursorPage, page_of_keys, with_links
 from .parsers import BoundedJSONParser
 from .permissions import StaffWithPermissions
 from .throttles import EventsThrottle, QuotaExceeded
@@ -107,6 +107,12 @@ def runs() -> QuerySet[Run]:
 
 def get_run(pk: int) -> Run:
     return get_object_or_404(runs().prefetch_related("steps"), pk=pk)
+
+
+def run_matches(request: Request, pk: int) -> None:
+    """With ``If-Match``: 404 without the run, 412 when it is not the run's ETag (as `GET runs/{id}/`
+    answers it). Without one, nothing is read."""
+    check_if_match(request, lambda: s.RunDetailSerializer(get_run(pk)).data, f"run {pk}")
 
 
 def by_choices(queryset: QuerySet[_Row], params: QueryDict, **fields: type[Choices]) -> QuerySet[_Row]:
@@ -181,7 +187,7 @@ UPDATED_SINCE = OpenApiParameter(
 
 
 PLAN_PAGE_PARAMS = [
-    OpenApiParameter("cursor", str, description="Where the page starts: the `next` or `previous` of the page before."),
+    OpenApiParameter("cursor", CURSOR_SCHEMA, description=CURSOR_HELP),
     OpenApiParameter(
         "page_size",
         {"type": "integer", "minimum": 1, "maximum": 500},
@@ -296,7 +302,8 @@ class RunDetailView(ETagged, EventsAPI, generics.RetrieveAPIView[Run]):
     tags=["runs"],
     summary="Cancel a running run",
     request=s.CancelSerializer,
-    responses={200: s.RunDetailSerializer, **errors(400, 404, 409)},
+    parameters=[IF_MATCH],
+    responses={200: s.RunDetailSerializer, **errors(400, 404, 409, 412)},
 )
 class RunCancelView(EventsAPI, APIView):
     """Needs `cleanup.change_run`. Only a running run can be cancelled (409 otherwise); with
@@ -305,6 +312,7 @@ class RunCancelView(EventsAPI, APIView):
     required_perms = {"POST": ["cleanup.change_run"]}
 
     def post(self, request: Request, pk: int) -> Response:
+        run_matches(request, pk)
         body = s.CancelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
@@ -320,7 +328,8 @@ class RunCancelView(EventsAPI, APIView):
     tags=["runs"],
     summary="Clean up an ended run now (a person's retry: resets its attempts unless reset is false)",
     request=s.CleanupSerializer,
-    responses={202: s.CleanupQueuedSerializer, **errors(400, 404, 409)},
+    parameters=[IF_MATCH],
+    responses={202: s.CleanupQueuedSerializer, **errors(400, 404, 409, 412)},
 )
 class RunCleanupView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Puts the run's unresolved rows back under the attempt
@@ -331,6 +340,7 @@ class RunCleanupView(EventsAPI, APIView):
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
     def post(self, request: Request, pk: int) -> Response:
+        run_matches(request, pk)
         body = s.CleanupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = get_object_or_404(Run, pk=pk)
@@ -350,7 +360,8 @@ class RunCleanupView(EventsAPI, APIView):
     tags=["runs"],
     summary="Waive many of a run's rows in one call; nothing is given back",
     request=s.RunWaiveSerializer,
-    responses={200: s.RunWaivedSerializer, **errors(400, 404, 409)},
+    parameters=[IF_MATCH],
+    responses={200: s.RunWaivedSerializer, **errors(400, 404, 409, 412)},
 )
 class RunWaiveView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. Resolves the rows named (`"rows": [ids]`, each a row of
@@ -361,6 +372,7 @@ class RunWaiveView(EventsAPI, APIView):
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
     def post(self, request: Request, pk: int) -> Response:
+        run_matches(request, pk)
         run = get_object_or_404(Run, pk=pk)
         body = s.RunWaiveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -506,7 +518,8 @@ class ResourceDetailView(ETagged, EventsAPI, generics.RetrieveAPIView[Resource])
     tags=["resources"],
     summary="Resolve an unresolved row by hand; nothing is given back",
     request=s.WaiveSerializer,
-    responses={200: s.ResourceSerializer, **errors(400, 404, 409)},
+    parameters=[IF_MATCH],
+    responses={200: s.ResourceSerializer, **errors(400, 404, 409, 412)},
 )
 class ResourceWaiveView(EventsAPI, APIView):
     """Needs `cleanup.cleanup_run`. The row is resolved as `waived` with the reason and the
@@ -515,7 +528,8 @@ class ResourceWaiveView(EventsAPI, APIView):
     required_perms = {"POST": ["cleanup.cleanup_run"]}
 
     def post(self, request: Request, pk: int) -> Response:
-        row = get_object_or_404(Resource, pk=pk)
+        row = get_object_or_404(Resource.objects.select_related("run"), pk=pk)
+        check_if_match(request, lambda: s.ResourceSerializer(row).data, f"ledger row {pk}")
         body = s.WaiveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         waived = waive([row], body.validated_data["reason"], actor(request))

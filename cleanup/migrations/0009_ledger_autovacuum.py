@@ -4,7 +4,7 @@ Every verdict leaves behind the row version it replaced, and its entries in the 
 indexes the sweep reads (the finder's skip scan of ``finder_owing_run_idx`` first). Until
 a vacuum removes them, each scan steps over them. On a ledger of millions of resolved
 rows the default would wait for hundreds of thousands of changes; a big night makes tens
-of thousands. PostgreSQL only; other databases have nothing to set.
+of thousands.
 """
 
 from django.db import migrations
@@ -16,15 +16,13 @@ RESET = "autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, autovacuum
 
 
 def tune(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in TABLES:
-            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} SET ({SETTINGS})")
+    for table in TABLES:
+        schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} SET ({SETTINGS})")
 
 
 def untune(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in TABLES:
-            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} RESET ({RESET})")
+    for table in TABLES:
+        schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} RESET ({RESET})")
 
 
 class Migration(migrations.Migration):

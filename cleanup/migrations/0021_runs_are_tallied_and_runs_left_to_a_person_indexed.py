@@ -55,8 +55,7 @@ DROP FUNCTION IF EXISTS cleanup_run_tally_emptied();
 
 def on_postgresql(sql):
     def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql)
+        schema_editor.execute(sql)
 
     return run
 

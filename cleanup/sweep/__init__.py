@@ -15,10 +15,13 @@ May import: its own stages, `outages`, `counters`, the models and conf; never a 
 `runner` (they import it).
 """
 
+import datetime as dt
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -46,6 +49,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 # How often a pass looks for work again when other sweepers were claiming all it found.
@@ -65,17 +69,25 @@ class Ahead:
     waiting for this pass to end and for the queue to hand the next one out (rule 25).
     """
 
-    def __init__(self, queue):
+    def __init__(self, queue: Callable[[], object]) -> None:
         self._queue = queue
         self.queued = False
 
-    def __call__(self):
+    def __call__(self) -> None:
         if not self.queued:
             self.queued = True
             self._queue()
 
 
-def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=None):
+def cleanup_run(
+    run: Run,
+    *,
+    reset: bool = False,
+    actor: str | None = None,
+    by: str | None = None,
+    deadline: dt.datetime | None = None,
+    ahead: Ahead | None = None,
+) -> Summary:
     """Give back what one terminal run still holds; answers a `Summary`.
 
     ``reset`` is a person's request (``cleanup_run --reset``, rule 6): it puts every
@@ -90,7 +102,7 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
         raise CleanupRefused(f"run {run.pk} is still {run.status}; only a run that has ended is cleaned")
     if reset:
         reset_for_person(run, actor)
-    summaries, work_left = run_batch([run.pk], by=actor or by, deadline=deadline, skip_locked=False, ahead=ahead)
+    summaries, work_left = run_batch([run.pk], by=actor or by or "", deadline=deadline, skip_locked=False, ahead=ahead)
     summary = summaries.get(run.pk)
     if summary is None:
         summary = Summary(remaining=refresh_cleanup_status(run))
@@ -99,7 +111,7 @@ def cleanup_run(run, *, reset=False, actor=None, by=None, deadline=None, ahead=N
     return summary
 
 
-def _count_pass(summary):
+def _count_pass(summary: Summary) -> None:
     """The pass and its verdicts in the site's metrics (`cleanup.counters`)."""
     counters.add("sweep_passes_total")
     for verdict in ("reverted", "drifted", "failed"):
@@ -108,8 +120,16 @@ def _count_pass(summary):
 
 
 def run_batch(
-    run_ids, *, by, deadline=None, skip_locked=True, limit=None, canaries=frozenset(), health=None, ahead=None
-):
+    run_ids: Sequence[int],
+    *,
+    by: str,
+    deadline: dt.datetime | None = None,
+    skip_locked: bool = True,
+    limit: int | None = None,
+    canaries: Collection[tuple[str, str]] = frozenset(),
+    health: outages.Snapshot | None = None,
+    ahead: Ahead | Callable[[], object] | None = None,
+) -> tuple[dict[int, Summary], bool]:
     """One batch of a pass: claim, call, write. Answers ``({run id: Summary}, work_left)``.
 
     ``work_left`` is true when the batch stopped at a bound (groups per run, or the time
@@ -124,20 +144,23 @@ def run_batch(
         ahead()
     if not batch.groups:
         return {}, batch.work_left
-    summaries, called = {}, []
+    summaries: dict[int, Summary] = {}
+    called: list[dispatch.Called] = []
     for group in batch.leases():
         # Rule 13: each lease's verdict is written before the next lease on its target
         # is worked.
         called.append(dispatch.call_lease(group, batch.token, deadline))
         _write(verdicts.write_now, batch.token, called[-1:], summaries, by)
-    rest = dispatch.call_groups(batch.others(), deadline, health, batch.token)
+    # A claim of several groups marked them called together; a group claimed alone is
+    # marked just before its call (rule 20).
+    rest = dispatch.call_groups(batch.others(), deadline, health, None if batch.called_together else batch.token)
     _write(verdicts.write, batch, rest, by, summaries)
     called += rest
     dispatch.hold_overdue(batch.token, called)
     return summaries, batch.work_left or any(c.verdict is None and not c.handed_down for c in called)
 
 
-def _write(writer, *args):
+def _write(writer: Callable[..., _T], *args: Any) -> _T:
     """Write verdicts, once more on a fresh connection if the first attempt lost it.
 
     The write is fenced by the claim, so writing it twice changes nothing; without a
@@ -155,11 +178,11 @@ def _write(writer, *args):
 @dataclass
 class SweepResult:
     runs: int = 0
-    summary: Summary = None
+    summary: Summary = field(default_factory=Summary)
     released: int = 0
     work_left: bool = False  # stopped at a bound: more may be waiting
 
-    def line(self):
+    def line(self) -> str:
         s = self.summary
         return (
             f"swept {self.runs} run(s): attempted {s.attempted}, reverted {s.reverted}, "
@@ -167,15 +190,17 @@ class SweepResult:
         )
 
 
-def sweep(by="sweep", deadline=None, ahead=None):
+def sweep(by: str = "sweep", deadline: dt.datetime | None = None, ahead: Ahead | None = None) -> SweepResult:
     """The cleanup leg: one pass over at most ``EVENT_CLEANUP_RUN_BATCH`` runs.
 
-    1. Claims of dead sweepers with no attempt left become visible failures.
-    2. Down modules whose probe is due are probed; outages past their bound give up.
-    3. The finder names up to twice the batch of runs that owe something; a batch of them
+    1. One query reads what the pass needs first (`claims.look`): whether dead claims or
+       troubled backends need work, and the finder's candidates.
+    2. Claims of dead sweepers with no attempt left become visible failures.
+    3. Down modules whose probe is due are probed; outages past their bound give up.
+    4. The finder names up to twice the batch of runs that owe something; a batch of them
        is claimed, called and written (`run_batch`). When other sweepers were claiming
        every candidate, it looks again, at most ``LOOKS`` times.
-    4. Stale run statuses are repaired, always when the pass found nothing to do.
+    5. Stale run statuses are repaired, always when the pass found nothing to do.
 
     Past ``deadline`` it starts nothing new, so a task stays well inside django-q2's
     timeout however slow the shards are. ``work_left`` says the pass stopped at a bound
@@ -185,15 +210,21 @@ def sweep(by="sweep", deadline=None, ahead=None):
     """
     now = timezone.now()
     result = SweepResult(summary=Summary())
-    result.released = verdicts.release_spent_claims(now, by)
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
-    health = outages.Snapshot()
+    # Twice the batch as candidates: runs other sweepers are claiming are passed over. The
+    # finder's first look goes with the pass's other reads, in one query.
+    found, spent, troubled = claims.look(now, 2 * batch)
+    result.released = verdicts.release_spent_claims(now, by) if spent else 0
+    health = outages.Snapshot() if troubled else outages.Snapshot(rows=())
     canaries = _outages(health, now)
     repaired = _repair_statuses(batch, busy=True)
-    summaries, work_left = {}, False
-    for _look in range(LOOKS):
-        # Twice the batch as candidates: runs other sweepers are claiming are passed over.
-        run_ids = runs_needing_cleanup(timezone.now(), 2 * batch)
+    summaries: dict[int, Summary] = {}
+    work_left = False
+    for look in range(LOOKS):
+        # A release, a probe or an outage given up may have changed what is claimable since
+        # the first look: then the finder looks again.
+        fresh = look == 0 and not (spent or troubled)
+        run_ids = found if fresh else runs_needing_cleanup(timezone.now(), 2 * batch)
         result.work_left = len(run_ids) > batch
         if not run_ids or past(deadline):
             break
@@ -229,10 +260,10 @@ def sweep(by="sweep", deadline=None, ahead=None):
 
 # A busy sweeper repairs stale statuses at most this often; an idle pass always does.
 REPAIR_EVERY_S = 30
-_last_repair = {"at": None}
+_last_repair: dict[str, float | None] = {"at": None}
 
 
-def _repair_statuses(limit, busy):
+def _repair_statuses(limit: int, busy: bool) -> bool:
     """Repair stale run statuses (`statuses.repair_statuses`): in every pass that finds no
     work, and in a busy sweeper's first pass and then every ``REPAIR_EVERY_S``, so a
     backlog of work costs the repair's query once in a while, not once per batch (rule 24)."""
@@ -244,10 +275,10 @@ def _repair_statuses(limit, busy):
     return True
 
 
-def _outages(health, now):
+def _outages(health: outages.Snapshot, now: dt.datetime) -> set[tuple[str, str]]:
     """Before a pass: probe the down modules whose probe is due, and end the outages past
     their bound (`cleanup.outages`). Answers the modules that may have one canary call."""
     canaries, given_up = health.before_pass(now)
     for outage in given_up:
         statuses.refresh_statuses(outages.give_up_waiting(outage, now))
-    return canaries
+    return set(canaries)

@@ -15,13 +15,20 @@ the process dies the claim simply expires, as any dead sweeper's does.
 May import: the models, conf, `cleanup.rows`, `logs`, `calls`, `registry`, `outages`, `leases`.
 """
 
+from __future__ import annotations
+
+import datetime as dt
 import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.models import Q
@@ -32,8 +39,8 @@ from ..calls import Outcome, Verdict
 from ..conf import claim_timeout_s, setting
 from ..logs import log_context
 from ..models import LEASE_KIND, STEP_KIND, Resource
-from .claims import mark_called
-from .leases import HANDED_DOWN, give_back_lease
+from .claims import Group, mark_called
+from .leases import give_back_lease
 
 logger = logging.getLogger(__name__)
 
@@ -42,41 +49,41 @@ logger = logging.getLogger(__name__)
 class Called:
     """What became of one group's call."""
 
-    group: object
+    group: Group
     verdict: Verdict | None  # None: not started, the pass's time ran out first
     what: str | None = None
     handed_down: bool = False  # a lease that handed its baseline down; its row is resolved
-    running: object = None  # the call, when it outlived its budget and still runs
+    running: Future[Any] | None = None  # the call, when it outlived its budget and still runs
     blamed: str | None = None  # the answer blamed the module's backend (`cleanup.outages`)
     module: str | None = None  # the module called
     backend: str = ""  # the module's backend called
-    waited: object = None  # set when written: its module is down, the rows wait till then
+    waited: dt.datetime | None = None  # set when written: its module is down, the rows wait till then
 
 
 @dataclass(eq=False)
 class _Job:
-    group: object
+    group: Group
     module: str
     backend: str
     limit: int
-    fn: object
-    kwargs: dict
+    fn: Callable[..., Any]
+    kwargs: dict[str, Any]
     budget_ms: int
     what: str
-    refs: list
+    refs: list[str]
 
 
-def past(deadline):
+def past(deadline: dt.datetime | None) -> bool:
     """Has a leg's time budget run out? (None: no budget.)"""
     return deadline is not None and timezone.now() >= deadline
 
 
-def call_lease(group, token, deadline=None):
+def call_lease(group: Group, token: uuid.UUID, deadline: dt.datetime | None = None) -> Called:
     """Restore one lease group, or hand its baseline down (`leases`)."""
     if past(deadline):
         return Called(group, None)
     outcome = give_back_lease(group.run_id, group.rows[0], token)
-    if outcome.verdict is HANDED_DOWN:
+    if not isinstance(outcome.verdict, Verdict):  # HANDED_DOWN
         return Called(group, None, outcome.what, handed_down=True)
     lease, _target = registry.lease_for_ref(group.rows[0].ref)
     return Called(
@@ -90,12 +97,19 @@ def call_lease(group, token, deadline=None):
     )
 
 
-def call_groups(groups, deadline=None, health=None, token=None):
+def call_groups(
+    groups: Sequence[Group],
+    deadline: dt.datetime | None = None,
+    health: outages.Snapshot | None = None,
+    token: uuid.UUID | None = None,
+) -> list[Called]:
     """Make the revert calls of step groups and loose rows; answers one `Called` per group.
 
-    ``token`` is the claim's: each group's rows are marked called just before its call.
+    ``token`` is the claim's: each wave's rows are marked called just before its calls
+    start. None when the claim marked them already (`claims.claim`, several groups).
     """
-    results, jobs = [], []
+    results: list[Called] = []
+    jobs: list[_Job] = []
     for group in groups:
         prepared = _revert_job(group)
         if isinstance(prepared, Called):
@@ -106,11 +120,11 @@ def call_groups(groups, deadline=None, health=None, token=None):
     return results
 
 
-def _action_of(group):
+def _action_of(group: Group) -> str | None:
     return group.action_id or group.rows[0].action or None
 
 
-def _revert_job(group):
+def _revert_job(group: Group) -> _Job | Called:
     """The revert call a step's (or a loose row's) group needs, or its verdict when none can be made."""
     action_id = _action_of(group)
     if not action_id:
@@ -124,7 +138,8 @@ def _revert_job(group):
         for r in group.rows
         if r.kind != STEP_KIND
     ]
-    if not callable(getattr(action, "revert", None)):
+    revert = getattr(action, "revert", None)
+    if not callable(revert):
         if not resources:
             # Only the step's placeholder, and an action that can give nothing back: there
             # is nothing a person could do about it either.
@@ -140,37 +155,39 @@ def _revert_job(group):
     key = _idempotency_key(group)
     return _Job(
         group,
-        action.module,
+        str(action.module),
         group.backend,
         module_limit(action),
-        action.revert,
+        revert,
         {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
         calls.budget_under_claim(action),
         action_id,
-        [r["ref"] for r in resources],
+        [r.ref for r in group.rows if r.kind != STEP_KIND],
     )
 
 
-def _recorded(group):
+def _recorded(group: Group) -> bool:
     """Did the group's step record what it made (a row of its own beside the placeholder)?"""
     return Resource.objects.filter(step_id=group.key).exclude(kind__in=(STEP_KIND, LEASE_KIND)).exists()
 
 
-def _idempotency_key(group):
+def _idempotency_key(group: Group) -> str:
     if group.kind == "step" and group.step_key:
         return group.step_key
     first = group.rows[0]
     return first.payload.get("idempotency_key") or first.ref
 
 
-def module_limit(entry):
+def module_limit(entry: object) -> int:
     """How many calls to one backend of a module may be in flight at once in a pass."""
-    limit = setting("EVENT_CALL_CONCURRENCY")
+    limit = int(setting("EVENT_CALL_CONCURRENCY"))
     own = getattr(entry, "max_concurrency", None)
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
 
 
-def _run_concurrently(jobs, deadline, health, token=None):
+def _run_concurrently(
+    jobs: Sequence[_Job], deadline: dt.datetime | None, health: outages.Snapshot, token: uuid.UUID | None = None
+) -> list[Called]:
     """Start the jobs as limits allow, each under its budget; answers their `Called`s.
 
     The calls that can start together start as one wave, their rows marked called by one
@@ -180,7 +197,7 @@ def _run_concurrently(jobs, deadline, health, token=None):
     pending = list(jobs)
     while pending or flight.calls:
         flight.land()
-        wave = []
+        wave: list[_Job] = []
         while pending and flight.has_room():
             job = next((j for j in pending if flight.module_has_room(j)), None)
             if job is None:
@@ -196,27 +213,27 @@ def _run_concurrently(jobs, deadline, health, token=None):
 class _Flight:
     """The calls of a pass in flight: who may start, and which have ended or timed out."""
 
-    def __init__(self, limit, deadline, health):
+    def __init__(self, limit: int, deadline: dt.datetime | None, health: outages.Snapshot) -> None:
         self.limit, self.deadline, self.health = limit, deadline, health
-        self.calls = {}  # job -> (future, when its budget ends on the monotonic clock)
-        self.per_module = Counter()
-        self.results = []
+        self.calls: dict[_Job, tuple[Future[Any], float]] = {}  # job -> (future, when its budget ends, monotonic)
+        self.per_module: Counter[tuple[str, str]] = Counter()
+        self.results: list[Called] = []
         self.woken = threading.Event()
 
-    def has_room(self):
+    def has_room(self) -> bool:
         return len(self.calls) + self.reserved < self.limit
 
-    def module_has_room(self, job):
+    def module_has_room(self, job: _Job) -> bool:
         return self.per_module[job.module, job.backend] < job.limit
 
     reserved = 0
 
-    def reserve(self, job):
+    def reserve(self, job: _Job) -> None:
         """Count a job against the limits before it starts with its wave."""
         self.reserved += 1
         self.per_module[job.module, job.backend] += 1
 
-    def start(self, wave, token):
+    def start(self, wave: Sequence[_Job], token: uuid.UUID | None) -> None:
         self.reserved = 0
         if not wave:
             return
@@ -224,6 +241,21 @@ class _Flight:
             for job in wave:
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(Called(job.group, None, job.what))
+            return
+        # A paced call (its action or lease declares max_rate) waits for its turn first and
+        # is marked alone, just before it is made: its attempt is spent by a call made (rule 20).
+        paced = [job for job in wave if calls.paced(job.fn)]
+        self._start_marked([job for job in wave if job not in paced], token)
+        for job in paced:
+            calls.take_turn(job.fn, job.module, job.backend)
+            if past(self.deadline):
+                self.per_module[job.module, job.backend] -= 1
+                self.results.append(Called(job.group, None, job.what))
+                continue
+            self._start_marked([job], token, turn_taken=True)
+
+    def _start_marked(self, wave: list[_Job], token: uuid.UUID | None, turn_taken: bool = False) -> None:
+        if not wave:
             return
         if token is not None and not _mark(token, wave):
             for job in wave:  # not called: their attempts are given back with the verdicts
@@ -233,12 +265,18 @@ class _Flight:
         for job in wave:
             with log_context(run=job.group.run_id, module=job.module, backend=job.backend):
                 future = calls.start(
-                    job.fn, what=job.what, backend=job.backend, verb="revert", module=job.module, **job.kwargs
+                    job.fn,
+                    what=job.what,
+                    backend=job.backend,
+                    verb="revert",
+                    module=job.module,
+                    turn_taken=turn_taken,
+                    **job.kwargs,
                 )
             future.add_done_callback(lambda _f: self.woken.set())
             self.calls[job] = (future, time.monotonic() + job.budget_ms / 1000)
 
-    def land(self):
+    def land(self) -> None:
         """Take in the calls that answered or ran out of budget (a call past its budget
         no longer counts against the limits: the pass does not wait for it)."""
         self.woken.clear()
@@ -248,13 +286,13 @@ class _Flight:
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(_verdict_of(job, future, self.health))
 
-    def wait(self):
+    def wait(self) -> None:
         if self.calls:
             soonest = min(expires for _future, expires in self.calls.values())
             self.woken.wait(max(0.0, soonest - time.monotonic()))
 
 
-def _mark(token, wave):
+def _mark(token: uuid.UUID, wave: Sequence[_Job]) -> bool:
     """Mark a wave called before it starts, once more on a fresh connection if the first
     try lost it; answers False when it could not be marked, and then nothing is called."""
     groups = [job.group for job in wave]
@@ -268,7 +306,7 @@ def _mark(token, wave):
     return False
 
 
-def _verdict_of(job, future, health):
+def _verdict_of(job: _Job, future: Future[Any], health: outages.Snapshot) -> Called:
     answer = future.result() if future.done() else calls.overdue(future, job.budget_ms, job.what)
     verdict = calls.classify_revert(answer, job.what, refs=job.refs)
     blamed = outages.blame(answer)
@@ -291,18 +329,18 @@ def _verdict_of(job, future, health):
 
 @dataclass(eq=False)
 class _Hold:
-    token: object
+    token: uuid.UUID
     selector: Q
-    future: object
+    future: Future[Any]
 
 
-_holds = []
+_holds: list[_Hold] = []
 _holds_lock = threading.Lock()
 _keeper_wake = threading.Event()
-_keeper = None
+_keeper: threading.Thread | None = None
 
 
-def hold_overdue(token, called):
+def hold_overdue(token: uuid.UUID, called: Sequence[Called]) -> None:
     """After a batch's verdicts are written: keep the rows of calls still running held."""
     holds = [_Hold(token, c.group.selector, c.running) for c in called if c.running is not None]
     if not holds:
@@ -317,7 +355,7 @@ def hold_overdue(token, called):
         hold.future.add_done_callback(lambda _f: _keeper_wake.set())
 
 
-def keep_overdue_claims():
+def keep_overdue_claims() -> int:
     """Renew the claims of calls still running, release those whose call ended.
 
     Answers how many calls are still held. The rows stay ``failed`` with the timeout as
@@ -340,14 +378,14 @@ def keep_overdue_claims():
         return len(_holds)
 
 
-def _held_rows(holds):
+def _held_rows(holds: Sequence[_Hold]) -> Q:
     condition = Q()
     for hold in holds:
         condition |= hold.selector & Q(claim_token=hold.token)
     return condition
 
 
-def _after_fork():
+def _after_fork() -> None:
     # A forked process holds none of its parent's calls, and has no keeper yet.
     global _holds_lock, _keeper
     _holds.clear()
@@ -358,7 +396,7 @@ def _after_fork():
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _keep():
+def _keep() -> None:
     """The keeper's loop: often enough that a claim never lapses while its call runs."""
     global _keeper
     interval = max(0.5, min(30.0, claim_timeout_s() / 4))

@@ -7,7 +7,13 @@ also read a lease's ``confirmed`` flag and the value a restore finds in place.
 May import: the models, `calls`, `registry`, `outages`, `cleanup.rows`, `statements`.
 """
 
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -17,20 +23,28 @@ from ..calls import Outcome, Verdict
 from ..models import LEASE_KIND, UNRESOLVED, Attempt, AttemptOutcome, LogKind, Resource, RunLog
 from . import statements
 
+if TYPE_CHECKING:
+    from .claims import Row
+
+
 # What `give_back_lease` answers when the lease handed its baseline down and its row is
 # already resolved.
-HANDED_DOWN = object()
+class HandedDown:
+    """The lease handed its baseline down: its row is resolved, nothing is left to write."""
+
+
+HANDED_DOWN = HandedDown()
 
 
 @dataclass
 class LeaseOutcome:
-    verdict: object  # a Verdict to write, or HANDED_DOWN
+    verdict: Verdict | HandedDown  # a Verdict to write, or HANDED_DOWN
     what: str
-    running: object = None  # a restore that outlived its budget and still runs
+    running: Future[Any] | None = None  # a restore that outlived its budget and still runs
     blamed: str | None = None  # the last restore's answer blamed the backend (`cleanup.outages`)
 
 
-def give_back_lease(run_id, row, token):
+def give_back_lease(run_id: int, row: Row, token: uuid.UUID) -> LeaseOutcome:
     """Restore one lease, or hand its baseline down to the lease that holds its target.
 
     Rule 13: while a newer lease on the target is unresolved, the value in force is that
@@ -53,9 +67,10 @@ def give_back_lease(run_id, row, token):
         return LeaseOutcome(Verdict.terminal(f'no module registers the lease "{row.ref}"'), row.ref)
     # An older lease of the same batch may have handed its baseline to this one since
     # the claim read the row.
-    row.payload = _held_payload(row, token)
-    if row.payload is None:
+    held = _held_payload(row, token)
+    if held is None:
         return LeaseOutcome(Verdict.retry("the claim on this lease expired before it was restored"), row.ref)
+    row.payload = held
     if "baseline" not in row.payload or "applied" not in row.payload:
         return LeaseOutcome(Verdict.terminal(f'the lease row "{row.ref}" keeps no baseline to restore'), row.ref)
     handed = hand_down(run_id, row, token, _next_confirmed)
@@ -64,16 +79,17 @@ def give_back_lease(run_id, row, token):
     return _restore(run_id, row, token, lease, target)
 
 
-def _held_payload(row, token):
+def _held_payload(row: Row, token: uuid.UUID) -> dict[str, Any] | None:
     payload = Resource.objects.filter(rows.held_by(token), pk=row.pk).values_list("payload", flat=True).first()
     return None if payload is None else payload if isinstance(payload, dict) else {}
 
 
-def _restore(run_id, row, token, lease, target):
+def _restore(run_id: int, row: Row, token: uuid.UUID, lease: registry.Lease, target: str) -> LeaseOutcome:
     payload = row.payload
-    running, blamed = [], []
+    running: list[Future[Any]] = []
+    blamed: list[str | None] = []
 
-    def restore(expected):
+    def restore(expected: Any) -> Verdict:
         answer = outages.call(
             lease,
             lease.restore,
@@ -91,7 +107,8 @@ def _restore(run_id, row, token, lease, target):
         return calls.classify_revert(answer, row.ref)
 
     # The attempt is spent by the call: a sweeper that dies in it has used it up.
-    rows.mark_called(*statements.called_rows(token, [], [row.pk]))
+    where, params = statements.called_rows(token, [], [row.pk])
+    rows.mark_called(where, params)
     verdict = restore(payload["applied"])
     if verdict.outcome == Outcome.DRIFTED:
         # Another open lease's value is in place: it holds the target (it leased it
@@ -113,7 +130,7 @@ def _restore(run_id, row, token, lease, target):
     return LeaseOutcome(verdict, row.ref, running=running[-1] if running else None, blamed=blamed[-1])
 
 
-def _pass_baseline_if_held(row, token):
+def _pass_baseline_if_held(row: Row, token: uuid.UUID) -> bool:
     """After a restore: newer open leases on the target get its baseline, but only while
     this row is still held by ``token``. A restore that answers after its claim was taken
     over hands nothing down (the newer sweeper decides for the row)."""
@@ -124,7 +141,7 @@ def _pass_baseline_if_held(row, token):
     return True
 
 
-def _open_leases(row):
+def _open_leases(row: Row | Resource) -> list[Resource]:
     """The other unresolved leases on ``row``'s target (on its backend), oldest first, locked."""
     return list(
         rows.lock(Resource.objects.filter(kind=LEASE_KIND, ref=row.ref, backend=row.backend, state__in=UNRESOLVED))
@@ -133,7 +150,7 @@ def _open_leases(row):
     )
 
 
-def settle_forgotten(ref, backend, value, reason):
+def settle_forgotten(ref: str, backend: str, value: Any, reason: str) -> int:
     """The leases on one target that its backend forgot (``value`` is in force there now).
 
     Looked at oldest first: an open lease whose baseline is in force, and not its own
@@ -155,7 +172,10 @@ def settle_forgotten(ref, backend, value, reason):
             payload = row.payload if isinstance(row.payload, dict) else {}
             if row.state not in rows.SWEPT_STATES or "baseline" not in payload:
                 continue
-            if value != payload["baseline"] or value == payload.get("applied"):
+            lease = registry.lease_for_ref(row.ref)[0]  # its value_type reads what was read back
+            if not registry.same_value(lease, value, payload["baseline"]):
+                continue
+            if "applied" in payload and registry.same_value(lease, value, payload["applied"]):
                 continue
             if rows.holds(row, rows.held_past_budget(now)):
                 continue  # a restore past its budget may still land: its claim decides
@@ -179,20 +199,27 @@ def settle_forgotten(ref, backend, value, reason):
     return settled
 
 
-def _next_confirmed(row, open_rows):
-    return rows.heir(row, open_rows)
+def _next_confirmed(row: Row | Resource, open_rows: Sequence[Resource]) -> Resource | None:
+    heir: Resource | None = rows.heir(row, open_rows)
+    return heir
 
 
-def _next_newer(row, open_rows):
+def _next_newer(row: Row | Resource, open_rows: Sequence[Resource]) -> Resource | None:
     return next((n for n in open_rows if n.pk > row.pk), None)
 
 
-def _holder_of(open_rows, value):
-    held = [n for n in open_rows if isinstance(n.payload, dict) and n.payload.get("applied") == value]
+def _holder_of(open_rows: Sequence[Resource], value: Any) -> Resource | None:
+    held = [
+        n
+        for n in open_rows
+        if isinstance(n.payload, dict)
+        and "applied" in n.payload
+        and registry.same_value(registry.lease_for_ref(n.ref)[0], n.payload["applied"], value)
+    ]
     return held[-1] if held else None
 
 
-def _pass_baseline(row, heirs):
+def _pass_baseline(row: Row | Resource, heirs: Sequence[Resource]) -> None:
     """Give ``row``'s baseline to ``heirs`` (locked by the caller's transaction).
 
     An unconfirmed ``row`` may have put its own value in place: its heirs may restore
@@ -210,7 +237,9 @@ def _pass_baseline(row, heirs):
         Resource.objects.filter(pk=heir.pk).update(payload=payload, updated_at=timezone.now())
 
 
-def hand_down(run_id, row, token, choose):
+def hand_down(
+    run_id: int, row: Row, token: uuid.UUID, choose: Callable[[Row, Sequence[Resource]], Resource | None]
+) -> Verdict | HandedDown | None:
     """Give this lease's baseline to the lease ``choose`` picks among the open ones.
 
     ``choose(row, open_rows)`` answers the heir or None. The leases between this row and

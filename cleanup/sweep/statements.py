@@ -7,35 +7,41 @@ running them. The rules themselves stay written once, as the row owner's predica
 compiled here once per database and attempt ceiling, with a stand-in for "now" that `bind`
 replaces. Lists of ids travel as one array (``= ANY(%s)``). They are sent as prepared
 statements (`cleanup.sql`).
-May import: the models, `cleanup.rows`, `cleanup.sql`.
+May import: the models, `cleanup.rows`, `cleanup.sql`, `outages` (its predicate of a troubled backend).
 """
 
+from __future__ import annotations
+
 import functools
+import uuid
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Any, cast
 
 from django.db import connection
+from django.db.models import QuerySet
 
-from .. import rows
-from ..models import LEASE_KIND, TERMINAL, UNRESOLVED, Resource, ResourceState, Run, Step
+from .. import outages, rows
+from ..models import LEASE_KIND, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, Step
 from ..sql import fetch_prepared
 
 # Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
 _SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def bind(params, now):
+def bind(params: Sequence[Any], now: datetime) -> list[Any]:
     """The params of a compiled statement, with the pass's time for the stand-in."""
     sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
     at = connection.ops.adapt_datetimefield_value(now)
     return [at if p == sentinel else p for p in params]
 
 
-def in_list(column, values):
+def in_list(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
     """``column`` is one of ``values``: SQL and params (one array)."""
     return f"{column} = ANY(%s)", [list(values)]
 
 
-def where(queryset):
+def where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
     """The WHERE clause of a one-table queryset, as SQL and params.
 
     On PostgreSQL its constants are written into the SQL as literals, all but the stand-in
@@ -55,29 +61,29 @@ def where(queryset):
             out.append("%s")
             kept.append(param)
         else:
-            out.append(connection.ops.compose_sql("%s", [param]).replace("%", "%%"))
+            out.append(cast(Any, connection.ops).compose_sql("%s", [param]).replace("%", "%%"))
         out.append(piece)
     return "".join(out), tuple(kept)
 
 
-def names():
+def names() -> tuple[str, str, str]:
     quote = connection.ops.quote_name
     return quote(Resource._meta.db_table), quote(Run._meta.db_table), quote(Step._meta.db_table)
 
 
 @functools.lru_cache(maxsize=16)
-def claimable(alias, max_attempts):
+def claimable(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...]]:
     """`rows.claimable` as a WHERE clause on the resource table, "now" unbound."""
     return where(Resource.objects.filter(rows.claimable(_SENTINEL, max_attempts)))
 
 
 @functools.lru_cache(maxsize=16)
-def suspect(alias):
+def suspect(alias: str) -> tuple[str, tuple[Any, ...]]:
     return where(Resource.objects.filter(rows.suspect()))
 
 
 @functools.lru_cache(maxsize=16)
-def finder(alias, max_attempts):
+def finder(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...]]:
     """The finder's skip scan of ``finder_owing_run_idx``; params end with the limit.
 
     The run's own conditions are a subquery per owing run, not a join, so the scan stops
@@ -102,8 +108,35 @@ def finder(alias, max_attempts):
     return sql, (*owing_params, *owing_params, *[str(s) for s in TERMINAL], *claimable_params)
 
 
-def take_runs(run_ids, now, max_attempts, skip_locked, limit):
-    """Terminal runs among ``run_ids`` with rows to claim now, oldest first, locked."""
+@functools.lru_cache(maxsize=16)
+def looking(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
+    """What a pass reads before its work, in one query of one row: the runs the finder names
+    (an array, in its order), whether a dead claim is to be released (`rows.spent_dead_claim`),
+    and whether a backend is troubled (`outages.troubled`). The SQL, the finder's params
+    (the limit follows them), then the rest; "now" unbound."""
+    finder_sql, finder_params = finder(alias, max_attempts)
+    spent_sql, spent_params = where(Resource.objects.filter(rows.spent_dead_claim(_SENTINEL, max_attempts)))
+    troubled_sql, troubled_params = where(ModuleHealth.objects.filter(outages.troubled()))
+    resource, _, _ = names()
+    health = connection.ops.quote_name(ModuleHealth._meta.db_table)
+    sql = (
+        f"SELECT ARRAY(SELECT f.run_id FROM ({finder_sql}) AS f), "
+        f"EXISTS (SELECT 1 FROM {resource} WHERE {spent_sql}), "
+        f"EXISTS (SELECT 1 FROM {health} WHERE {troubled_sql})"
+    )
+    return sql, finder_params, (*spent_params, *troubled_params)
+
+
+def look(now: datetime, limit: int, max_attempts: int) -> tuple[list[int], bool, bool]:
+    """`looking`, sent: ``(run ids, a dead claim to release, a backend troubled)``."""
+    sql, finder_params, rest = looking(connection.alias, max_attempts)
+    ((found, spent, troubled),) = fetch_prepared(sql, [*bind(finder_params, now), limit, *bind(rest, now)])
+    return list(found or []), bool(spent), bool(troubled)
+
+
+def _taking(
+    run_ids: Sequence[int], now: datetime, max_attempts: int, skip_locked: bool, limit: int | None
+) -> tuple[str, list[Any]]:
     resource, run, _ = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     ids_sql, ids_params = in_list(f"{run}.id", run_ids)
@@ -118,11 +151,14 @@ def take_runs(run_ids, now, max_attempts, skip_locked, limit):
         sql += " LIMIT %s"
         params.append(limit)
     sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
-    rows.taking(rows.RUNS)
-    return [run_id for (run_id,) in fetch_prepared(sql, params)]
+    return sql, params
 
 
-# What `plan` reads of each claimable group: one row per group, in ledger order.
+# What the claim reads of each claimable group (`_heads`): one row per group, each group
+# given back by one call (rule 3). A lease row and a loose row (no step) are groups of
+# their own (``alone`` is their id); a step's other rows are one group per backend that
+# holds them. ``suspect``: a row of the group was taken
+# over from a sweeper that died holding it after an earlier attempt.
 HEAD_COLUMNS = (
     "run_id",
     "step_id",
@@ -137,18 +173,10 @@ HEAD_COLUMNS = (
 )
 
 
-def heads(run_ids, now, max_attempts):
-    """One row per claimable group of ``run_ids`` (`HEAD_COLUMNS`), by run and ledger order.
-
-    A lease row and a loose row (no step) are groups of their own (``alone`` is their
-    id); a step's other rows are one group per backend that holds them. ``suspect``: a
-    row of the group was taken over from a sweeper that died holding it after an earlier
-    attempt.
-    """
+def _heads(ids_sql: str, ids_params: Sequence[Any], now: datetime, max_attempts: int) -> tuple[str, list[Any]]:
     resource, _, step = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     suspect_sql, suspect_params = suspect(connection.alias)
-    ids_sql, ids_params = in_list(f"{resource}.run_id", run_ids)
     r = resource
     alone = f"CASE WHEN ({r}.kind = %s OR {r}.step_id IS NULL) THEN {r}.id ELSE 0 END"
     sql = (
@@ -157,34 +185,144 @@ def heads(run_ids, now, max_attempts):
         f"MAX(CASE WHEN ({suspect_sql}) THEN 1 ELSE 0 END) "
         f"FROM {r} LEFT OUTER JOIN {step} ON {step}.id = {r}.step_id "
         f"WHERE {ids_sql} AND {claimable_sql} "
-        f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend "
-        f"ORDER BY {r}.run_id, first"
+        f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend"
     )
-    params = [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
-    return [dict(zip(HEAD_COLUMNS, values, strict=True)) for values in fetch_prepared(sql, params)]
+    return sql, [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
 
 
-def in_pairs(columns, pairs):
-    """``(a, b)`` is one of ``pairs``: SQL and params (two arrays on PostgreSQL)."""
+# What the pass's claim answers of each row it took (`rows.CLAIMED_COLUMNS`), then of the
+# row's group, and of the statement: the runs it locked, whether it left work behind.
+CLAIM_COLUMNS = (
+    *rows.CLAIMED_COLUMNS,
+    "group_kind",
+    "group_key",
+    "action_id",
+    "step_key",
+    "module",
+    "nth",
+    "taken",
+    "work_left",
+    "together",
+)
+
+
+def claim(
+    run_ids: Sequence[int],
+    token: uuid.UUID,
+    now: datetime,
+    max_attempts: int,
+    *,
+    skip_locked: bool,
+    limit: int | None,
+    per_run: int,
+    down: Iterable[tuple[str, str]],
+    canaries: Iterable[tuple[str, str]],
+) -> list[tuple[Any, ...]]:
+    """The pass's claim as one statement, in its own transaction: the runs locked
+    (`_taking`), their groups read (`_heads`) and chosen, and the chosen groups' rows
+    claimed (`rows.claiming`). Answers `CLAIM_COLUMNS`: a row for each row taken (its own
+    columns), one for each group chosen (its run, step and backend, and the group's columns),
+    and one of the statement's own (``taken``, ``work_left``, ``together``).
+
+    The choice: groups of a backend in ``down`` wait, but for the first group of each
+    backend in ``canaries`` (rule 21);
+    the first group left that is suspect is claimed alone (rule 20); else the first
+    ``per_run`` groups of each run, leases first, then steps, then loose rows, each kind in
+    ledger order (rules 8, 13). Several groups are marked called together (rule 20).
+
+    The runs' locks are held to the statement's end, as a transaction's were: the heads are
+    read on the snapshot the statement began with, and the claim takes only rows still
+    claimable when it writes them, so a row another sweeper claimed meanwhile is left out.
+    """
+    taking_sql, taking_params = _taking(run_ids, now, max_attempts, skip_locked, limit)
+    resource, _, _ = names()
+    heads_sql, heads_params = _heads(f"{resource}.run_id IN (SELECT id FROM taken)", [], now, max_attempts)
+    down_sql, down_params = in_pairs(("h.module", "h.backend"), down, types=("varchar", "varchar"))
+    canary_sql, canary_params = in_pairs(("h.module", "h.backend"), canaries, types=("varchar", "varchar"))
+    # lease, step, loose row: the order of kinds within a run (the heads' columns 9 and 3)
+    kind = "CASE WHEN c.lease = 1 THEN 0 WHEN c.alone <> 0 THEN 2 ELSE 1 END"
+    head_names = ", ".join(HEAD_COLUMNS)
+    choosing = f"""
+        taken AS MATERIALIZED ({taking_sql}),
+        heads({head_names}) AS MATERIALIZED ({heads_sql}),
+        seen AS (
+            SELECT h.*, ({down_sql}) AS down, ({canary_sql}) AS canary,
+                   ROW_NUMBER() OVER (PARTITION BY h.module, h.backend ORDER BY h.run_id, h.first) AS nth_of_backend
+            FROM heads h
+        ),
+        open AS (SELECT * FROM seen WHERE NOT down OR (canary AND nth_of_backend = 1)),
+        suspects AS (SELECT * FROM open WHERE suspect = 1 ORDER BY run_id, first LIMIT 1),
+        ranked AS (
+            SELECT c.*, ROW_NUMBER() OVER (PARTITION BY c.run_id ORDER BY {kind}, c.first) AS nth
+            FROM open c
+        ),
+        chosen AS MATERIALIZED (
+            SELECT s.*, 1 AS nth FROM suspects s
+            UNION ALL
+            SELECT {", ".join(f"r.{c}" for c in HEAD_COLUMNS)}, r.down, r.canary, r.nth_of_backend, r.nth
+            FROM ranked r WHERE r.nth <= %s AND NOT EXISTS (SELECT 1 FROM suspects)
+        )"""
+    lease = LEASE_KIND
+    where = (
+        f"{resource}.run_id IN (SELECT run_id FROM chosen) AND ("
+        f"{resource}.id IN (SELECT alone FROM chosen WHERE alone <> 0) OR ("
+        f"({resource}.step_id, {resource}.backend) IN (SELECT step_id, backend FROM chosen WHERE alone = 0) "
+        f"AND NOT ({resource}.kind = %s)))"
+    )
+    claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
+    claim_sql, claim_params = rows.claiming(
+        f"{where} AND {claimable_sql}",
+        [lease, *bind(claimable_params, now)],
+        token,
+        now,
+        called_together="(SELECT COUNT(*) > 1 FROM chosen)",
+    )
+    returned = ", ".join(f"c.{c}" for c in rows.CLAIMED_COLUMNS)
+    own = ["NULL"] * len(rows.CLAIMED_COLUMNS)
+    group = own[:1] + ["h.run_id", "h.step_id"] + own[3:-1] + ["h.backend"]
+    # The rows taken, then the groups chosen, then the statement's own row: the rows are
+    # given to their groups by the caller, as they are keyed (`claims.claim`).
+    sql = f"""WITH {choosing},
+        claimed AS ({claim_sql})
+        SELECT {returned}, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint,
+               NULL::bigint[], NULL::boolean, NULL::boolean
+        FROM claimed c
+        UNION ALL
+        SELECT {", ".join(group)}, CASE WHEN h.lease = 1 THEN 'lease' WHEN h.alone <> 0 THEN 'row' ELSE 'step' END,
+               CASE WHEN h.alone <> 0 THEN h.alone ELSE h.step_id END,
+               h.action_id, h.step_key, h.module, h.nth, NULL, NULL, NULL
+        FROM chosen h
+        UNION ALL
+        SELECT {", ".join(own)}, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT ARRAY_AGG(id) FROM taken),
+               EXISTS (SELECT 1 FROM suspects) OR EXISTS (SELECT 1 FROM ranked WHERE nth > %s),
+               (SELECT COUNT(*) > 1 FROM chosen)"""
+    params = [
+        *taking_params,
+        *heads_params,
+        *down_params,
+        *canary_params,
+        per_run,
+        *claim_params,
+        per_run,
+    ]
+    rows.taking(rows.RUNS)
+    rows.taking(rows.LEDGER)
+    return list(fetch_prepared(sql, params))
+
+
+def in_pairs(
+    columns: Sequence[str], pairs: Iterable[tuple[Any, Any]], types: tuple[str, str] = ("bigint", "varchar")
+) -> tuple[str, list[Any]]:
+    """``(a, b)`` is one of ``pairs``: SQL and params (two arrays of ``types``)."""
     pairs = list(pairs)
     firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
-    return f"({columns[0]}, {columns[1]}) IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[]))", [firsts, seconds]
+    return (
+        f"({columns[0]}, {columns[1]}) IN (SELECT * FROM unnest(%s::{types[0]}[], %s::{types[1]}[]))",
+        [firsts, seconds],
+    )
 
 
-def claim_rows(run_ids, steps, alone, now, max_attempts):
-    """The WHERE clause (SQL, params) of the rows a claim takes: the step groups' rows but
-    their leases (``steps``: ``(step id, backend)`` pairs), the lease and loose rows by
-    id, all still claimable."""
-    resource, _, _ = names()
-    claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
-    runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
-    ids_sql, ids_params = in_list(f"{resource}.id", alone)
-    steps_sql, steps_params = in_pairs((f"{resource}.step_id", f"{resource}.backend"), steps)
-    sql = f"{runs_sql} AND ({ids_sql} OR ({steps_sql} AND NOT ({resource}.kind = %s))) AND {claimable_sql}"
-    return sql, [*runs_params, *ids_params, *steps_params, LEASE_KIND, *bind(claimable_params, now)]
-
-
-def called_rows(token, steps, alone):
+def called_rows(token: uuid.UUID, steps: Sequence[tuple[int, str]], alone: Sequence[int]) -> tuple[str, list[Any]]:
     """The WHERE clause of the rows of a claim's groups (``steps``: ``(step id, backend)``
     pairs, ``alone``: row ids), still held by ``token``."""
     resource, _, _ = names()
@@ -202,7 +340,7 @@ def called_rows(token, steps, alone):
 
 
 @functools.lru_cache(maxsize=16)
-def _status_counts(alias, max_attempts):
+def _status_counts(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...]]:
     unresolved_sql, unresolved_params = where(Resource.objects.filter(state__in=UNRESOLVED))
     retryable_sql, retryable_params = where(Resource.objects.filter(rows.keeps_run_pending(max_attempts)))
     resource, _, _ = names()
@@ -213,15 +351,19 @@ def _status_counts(alias, max_attempts):
     return sql, (*unresolved_params, *retryable_params)
 
 
-def status_counts(run_ids, max_attempts):
+def status_counts(run_ids: Sequence[int], max_attempts: int) -> dict[int, dict[str, int]]:
     """Per run of ``run_ids``: its rows, its unresolved rows, and the rows the sweep will
     still try (`rows.keeps_run_pending`). Runs without rows are absent."""
+    return {
+        run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
+        for run_id, total, unresolved, retryable in fetch_prepared(*counting(run_ids, max_attempts))
+    }
+
+
+def counting(run_ids: Sequence[int], max_attempts: int) -> tuple[str, list[Any]]:
+    """`status_counts` as a query (SQL, params) of four columns: run id, rows, unresolved
+    rows, rows the sweep will still try; for a statement that uses the counts at once."""
     sql, params = _status_counts(connection.alias, max_attempts)
     resource, _, _ = names()
     runs_sql, runs_params = in_list(f"{resource}.run_id", run_ids)
-    return {
-        run_id: {"total": total, "unresolved": unresolved, "retryable": retryable}
-        for run_id, total, unresolved, retryable in fetch_prepared(
-            sql.replace("{runs}", runs_sql), [*params, *runs_params]
-        )
-    }
+    return sql.replace("{runs}", runs_sql), [*params, *runs_params]

@@ -8,17 +8,30 @@ May import: the models, conf, `cleanup.rows`, `statements`. Imported by the pass
 runner, `manual` and `reconcile`.
 """
 
-import datetime as dt
-from collections.abc import Iterable
+from __future__ import annotations
 
-from django.db import transaction
-from django.db.models import Case, Exists, F, OuterRef, Value, When
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from .. import rows
 from ..conf import max_revert_attempts
 from ..models import TERMINAL, AlertedStatus, CleanupStatus, LogKind, Resource, Run, RunLog
+from ..sql import column_of, fetch_prepared, field_of
 from . import statements
+
+# A log entry written with the statuses: its run's id, its kind and its detail.
+LogRow = tuple[int, str, dict[str, Any]]
+# What `write_statuses` answers: ``{run id: (status, unresolved rows)}``.
+Statuses = dict[int, tuple[str, int]]
+LOG_FIELDS = ("run", "kind", "detail")
+# A ``cleanup.completed`` entry's place among those written with the statuses: after them.
+COMPLETED_AFTER = 2**40
 
 
 def lock_runs(run_ids: Iterable[int]) -> dict[int, tuple[bool, str]]:
@@ -28,45 +41,88 @@ def lock_runs(run_ids: Iterable[int]) -> dict[int, tuple[bool, str]]:
     return {pk: (auto, status) for pk, auto, status in rows_.values_list("id", "auto_cleanup", "cleanup_status")}
 
 
-def write_statuses(runs, now):
-    """Set each locked run's cleanup status from its rows; answers ``{id: (status, unresolved)}``."""
-    counted = _counts(list(runs))
-    answer, changed = {}, {}
-    for run_id, (auto_cleanup, current) in runs.items():
-        counts = counted.get(run_id, {"total": 0, "unresolved": 0, "retryable": 0})
-        status = _status(counts, auto_cleanup)
-        if status != current:
-            changed.setdefault(status, []).append(run_id)
-        answer[run_id] = (status, counts["unresolved"])
-    if changed:
-        whens = [When(pk__in=ids, then=Value(status.value)) for status, ids in changed.items()]
-        Run.objects.filter(pk__in=[i for ids in changed.values() for i in ids]).update(
-            cleanup_status=Case(*whens, default=F("cleanup_status")), updated_at=now
+def write_statuses(
+    runs: Mapping[int, tuple[bool, str]],
+    now: dt.datetime,
+    entries: Sequence[LogRow] = (),
+    summaries: Sequence[LogRow] = (),
+) -> Statuses:
+    """Set each locked run's cleanup status from its rows; answers ``{id: (status, unresolved)}``.
+
+    One statement counts the rows, makes each status (rule 5), writes those that changed,
+    and writes the log ``entries`` and the ``summaries``: entries whose detail the statement
+    completes with their run's unresolved rows, as ``remaining``. A run whose status turns
+    ``complete`` here logs one ``cleanup.completed`` after them: the runs are locked, so of
+    two writers only the first sees the change.
+    """
+    ids = list(runs)
+    counts_sql, counts_params = statements.counting(ids, max_revert_attempts())
+    quote = connection.ops.quote_name
+    run_table, log_table = quote(Run._meta.db_table), quote(RunLog._meta.db_table)
+    log_columns = ", ".join(quote(column_of(field_of(RunLog, name))) for name in (*LOG_FIELDS, "at"))
+    status = CleanupStatus
+    # Rule 5: complete when nothing is unresolved, pending while anything is retryable. A
+    # run a person left out of the automatic sweep (rule 7) is ``left`` while it holds
+    # anything: its cleanup did not give up, it was never asked to start.
+    made = f"""CASE
+        WHEN COALESCE(c.unresolved, 0) = 0 THEN
+            CASE WHEN COALESCE(c.total, 0) > 0 THEN '{status.COMPLETE.value}' ELSE '{status.NOT_REQUIRED.value}' END
+        WHEN NOT v.auto THEN '{status.LEFT.value}'
+        WHEN COALESCE(c.retryable, 0) > 0 THEN '{status.PENDING.value}'
+        ELSE '{status.INCOMPLETE.value}' END"""
+    sql = f"""WITH counted(run_id, total, unresolved, retryable) AS ({counts_sql}),
+        made AS (
+            SELECT v.id, v.current, COALESCE(c.total, 0) AS total, COALESCE(c.unresolved, 0) AS unresolved,
+                   {made} AS status
+            FROM unnest(%s::bigint[], %s::boolean[], %s::varchar[]) AS v(id, auto, current)
+            LEFT JOIN counted c ON c.run_id = v.id
+        ),
+        changed AS (
+            UPDATE {run_table} AS r SET cleanup_status = m.status, updated_at = %s
+            FROM made m WHERE r.id = m.id AND m.status <> m.current
+        ),
+        logged AS (
+            INSERT INTO {log_table} ({log_columns})
+            SELECT e.run_id, e.kind, e.detail, %s::timestamptz FROM (
+                SELECT x.place, x.run_id, x.kind,
+                       CASE WHEN x.counted THEN x.detail || jsonb_build_object('remaining', m.unresolved)
+                            ELSE x.detail END AS detail
+                FROM jsonb_to_recordset(%s::jsonb)
+                     AS x(place bigint, run_id bigint, kind varchar, detail jsonb, counted boolean)
+                LEFT JOIN made m ON m.id = x.run_id
+                UNION ALL
+                SELECT {COMPLETED_AFTER} + m.id, m.id, '{LogKind.CLEANUP_COMPLETED.value}',
+                       jsonb_build_object('resources', m.total)
+                FROM made m WHERE m.status = '{status.COMPLETE.value}' AND m.current <> '{status.COMPLETE.value}'
+            ) AS e ORDER BY e.place
         )
-    return answer
+        SELECT m.id, m.status, m.unresolved FROM made m"""
+    log = [
+        {"run_id": run_id, "kind": str(kind), "detail": detail, "counted": counted}
+        for counted, rows_ in ((False, entries), (True, summaries))
+        for run_id, kind, detail in rows_
+    ]
+    for place, entry in enumerate(log):
+        entry["place"] = place
+    params = [
+        *counts_params,
+        ids,
+        [runs[pk][0] for pk in ids],
+        [runs[pk][1] for pk in ids],
+        now,
+        now,
+        json.dumps(log),
+    ]
+    return {run_id: (status_, unresolved) for run_id, status_, unresolved in fetch_prepared(sql, params)}
 
 
-def _counts(run_ids):
-    """Rows, unresolved rows and rows the sweep will still try, per run: one query."""
-    return statements.status_counts(run_ids, max_revert_attempts())
-
-
-def _status(counts, auto_cleanup):
-    """Rule 5: complete when nothing is unresolved, pending while anything is retryable."""
-    if counts["unresolved"] == 0:
-        return CleanupStatus.COMPLETE if counts["total"] else CleanupStatus.NOT_REQUIRED
-    if auto_cleanup and counts["retryable"]:
-        return CleanupStatus.PENDING
-    return CleanupStatus.INCOMPLETE
-
-
-def refresh_statuses(run_ids):
+def refresh_statuses(run_ids: Iterable[int]) -> Statuses:
     """Make the cleanup status of ``run_ids`` say what their rows say, under their locks."""
     with transaction.atomic():
         return write_statuses(lock_runs(run_ids), timezone.now())
 
 
-def repair_statuses(limit):
+def repair_statuses(limit: int) -> int:
     """Terminal runs left ``pending`` with nothing the sweep will still try get their true status.
 
     A verdict and its run's status are written together, but a status can still be left
@@ -85,7 +141,7 @@ def repair_statuses(limit):
     return len(stale)
 
 
-def refresh_cleanup_status(run):
+def refresh_cleanup_status(run: Run) -> int:
     """Set a run's cleanup status from its rows; answers how many are unresolved.
 
     Under a lock on the run row, so that of two writers finishing together the one that

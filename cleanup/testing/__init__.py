@@ -16,8 +16,11 @@ or from the module's own test suite::
 `run_action_checks` and `run_lease_checks` answer the `Report` instead. Every call goes
 through the engine's own call and classification code, and the checks give back what
 they made. ``outage`` is a context manager factory during which the backend cannot be
-reached: `network_down` by default (it refuses every socket of this process), a test's
-own (the sandbox shard's fault injection), or None to skip those checks. ``backend``
+reached: `network_down` by default (it refuses every socket of this process),
+`network_silent` (nothing answers: requests dropped, reads time out), a test's own (the
+sandbox shard's fault injection, a real server frozen), or None to skip those checks. An
+entry that declares ``max_rate`` is sent a burst past it, which must be paced and blame
+nothing. ``backend``
 names the backend every callable is called for (``check_module --backend``; by default
 the one the params or the target name), and the module's ``health()``, when it has one,
 is checked on it. ``refuse`` (actions) is a context manager factory taking refs, during
@@ -34,7 +37,7 @@ from .. import registry
 from ..registry import Action, Lease
 from .actions import run_action_checks
 from .leases import run_lease_checks
-from .outage import Outage, Refusal, network_down
+from .outage import Outage, Refusal, network_down, network_silent
 from .report import Check, Report
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "check_action",
     "check_lease",
     "network_down",
+    "network_silent",
     "run_action_checks",
     "run_lease_checks",
 ]

@@ -10,12 +10,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import calls
+from .. import calls, registry
 from ..calls import Answer, Outcome, Performed, Verdict
 from ..registry import Action
-from .backends import check_backend_of, check_health, resolve_backend
+from .backends import check_backend_of, check_health, check_paced_burst, resolve_backend
 from .outage import Outage, Refusal, network_down
 from .report import Caller, Report, describe
+from .switch import check_switch
 
 # The run and step ids the kit performs under: no such run exists in any ledger.
 RUN_ID = 0
@@ -49,11 +50,13 @@ class ActionChecks:
         outage: Outage | None,
         backend: str | None = None,
         refuse: Refusal | None = None,
+        switch: bool = True,
     ) -> None:
         self.action = action
         self.params = params
         self.outage = outage
         self.refuse = refuse
+        self.switch = switch
         self.given = backend
         self.named, self.backend_problem = resolve_backend(action, params)
         # The backend every call is for: the one given, else the one the params name.
@@ -127,11 +130,14 @@ class ActionChecks:
                     "declares revert", False, "a revert(), or nothing it makes can be given back", "no callable revert"
                 )
             self.check_refusals()
+            if self.switch:
+                check_switch(self, _keepalive_of(self.action))
             if self.outage is not None:
                 self.check_outage(self.outage)
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
             check_health(report, self.call, self.action, self.outage)
+            check_paced_burst(report, self.call, self.action)
         finally:
             self.clean_up()
         self.call.report_on_calls(report)
@@ -381,6 +387,16 @@ class ActionChecks:
             )
 
 
+def _keepalive_of(action: Action) -> Any:
+    """The ``keepalive`` of the action's module (on any of its actions or leases), or None."""
+    entries: list[Any] = [action, *registry.actions().values(), *registry.leases().values()]
+    for entry in entries:
+        fn = getattr(entry, "keepalive", None)
+        if entry.module == action.module and callable(fn):
+            return fn
+    return None
+
+
 def _done(verdict: Verdict) -> bool:
     return verdict.outcome == Outcome.DONE and not verdict.failed
 
@@ -402,12 +418,17 @@ def run_action_checks(
     *,
     backend: str | None = None,
     refuse: Refusal | None = None,
+    switch: bool = True,
 ) -> Report:
     """Every check of ``action`` with ``params``; answers a `Report`, never raises for a failure.
+
+    ``switch``: when the module declares ``keepalive``, check its dead-man's switch (a short
+    ttl armed, not renewed, the world read back: `cleanup.testing.switch`), which waits a
+    few seconds; False skips it.
 
     ``backend``: the backend every call is for (the engine's ``backend`` keyword); by
     default the one ``backend_of(params)`` names. ``refuse``: a context manager factory
     taking refs, during which the backend refuses to give those back (the kit then checks
     that ``revert`` names them in ``failed``, with reasons), or None to skip that check.
     """
-    return ActionChecks(action, dict(params), outage, backend=backend, refuse=refuse).run()
+    return ActionChecks(action, dict(params), outage, backend=backend, refuse=refuse, switch=switch).run()

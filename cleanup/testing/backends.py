@@ -5,6 +5,7 @@ while it is down).
 May import: `calls`, `registry` and the kit's own modules.
 """
 
+import time
 from typing import Any
 
 from .. import calls, registry
@@ -87,4 +88,38 @@ def check_boot_id(
         reply.value is not None and again.ok and again.value == reply.value,
         f"a boot id (printable text of at most {calls.MAX_BOOT_ID} characters), the same twice",
         f"{raw.get('boot_id')!r}, then {again.value!r}" if again.ok else again.error,
+    )
+
+
+PACED = "a burst past max_rate is paced and not marked down"
+
+
+def check_paced_burst(report: Report, call: Caller, entry: Action | Lease) -> None:
+    """With ``max_rate`` declared, a burst of ``max_burst + 3`` health calls all answer, none
+    blaming the backend (each waits its turn instead), and the burst takes its time."""
+    rate = getattr(entry, "max_rate", None)
+    if rate is None:
+        report.skip(
+            PACED,
+            "no max_rate: a backend that drops requests past a rate sees its drops counted as an outage",
+        )
+        return
+    fn = health_of(entry)
+    if fn is None:
+        report.skip(PACED, "the module has no health() for the kit to call in a burst")
+        return
+    burst = getattr(entry, "max_burst", None) or 1
+    count = burst + 3
+    what = f"{entry.module}.health"
+    began = time.monotonic()
+    answers = [call.invoke(fn, what) for _ in range(count)]
+    took = time.monotonic() - began
+    blamed = [describe(a) for a in answers if a.timed_out or (isinstance(a.raw, dict) and a.raw.get("unavailable"))]
+    failed = [describe(a) for a in answers if not (isinstance(a.raw, dict) and a.raw.get("ok") is True)]
+    least = 2 / float(rate) * 0.8  # at least the last two calls waited their turns
+    report.check(
+        PACED,
+        not blamed and not failed and took >= least,
+        f"{count} health calls answered ok, none unavailable, over at least {least:.1f} s",
+        f"{len(blamed)} blamed the backend, {len(failed)} failed, in {took:.1f} s: {(blamed or failed)[:2]}",
     )

@@ -12,7 +12,7 @@ from .. import calls
 from ..calls import Answer, Outcome, Reply, Verdict
 from ..registry import Lease
 from .actions import wrong_value
-from .backends import check_backend_of, check_health, resolve_backend
+from .backends import check_backend_of, check_health, check_paced_burst, resolve_backend
 from .outage import Outage, network_down
 from .report import Caller, Report, describe
 
@@ -88,6 +88,7 @@ class LeaseChecks:
             else:
                 report.skip("with the backend down, calls answer failures to retry", "no outage given")
             check_health(report, self.call, self.lease, self.outage)
+            check_paced_burst(report, self.call, self.lease)
         finally:
             self.put_back()
         self.call.report_on_calls(report)

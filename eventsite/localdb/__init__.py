@@ -160,7 +160,7 @@ def ensure_database(url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    admin, _, name = url.rpartition("/")
+    admin, _, name = url.partition("?")[0].rpartition("/")
     with psycopg.connect(f"{admin}/postgres", autocommit=True, connect_timeout=10) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -1,7 +1,7 @@
 """``DEMO_BACKEND=luanti make demo``: the demo's story on a real Luanti server.
 
-Called by ``bin/demo`` with the demo itself (its ``start``, ``say``, ``manage``,
-``wait_for``, ``queue_tick``, ``cluster_answers``, ``stop_all``, ``WEB`` and ``STORY``), the
+Called by ``bin/demo`` with the demo itself (its ``start``, ``stop_child``, ``say``,
+``wait_for``, ``until``, ``on_real_servers``, ``stop_all`` and ``WEB``), the
 directory of its logs and the demo user's password. It makes a fresh world under
 ``var/demo-luanti/`` with the mod installed, starts Debian's ``minetestserver`` on
 127.0.0.1 (UDP ``DEMO_LUANTI_PORT``, 30000), the cluster and the web server, then tells
@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +26,8 @@ from . import install, mailbox
 from .worlds import World
 
 BINARY = Path("/usr/games/minetestserver")
+# A server of this machine alone (the tests' servers too): on 127.0.0.1, announced nowhere,
+# mod security on, a map of air (quick to make), saved when the server stops cleanly.
 CONFIG = """\
 bind_address = 127.0.0.1
 ipv6_server = false
@@ -36,6 +37,24 @@ mg_name = singlenode
 secure.enable_security = true
 server_map_save_interval = 3600
 """
+
+
+def server_command(binary: Path, world: Path, port: int, config: Path, logfile: Path) -> list[str]:
+    """The command that runs a Luanti server (``binary``) on ``world``, with its own config and
+    log file (the demo's server and the tests')."""
+    return [
+        str(binary),
+        "--world",
+        str(world),
+        "--gameid",
+        "minetest",
+        "--port",
+        str(port),
+        "--config",
+        str(config),
+        "--logfile",
+        str(logfile),
+    ]
 
 
 class Server:
@@ -56,19 +75,7 @@ class Server:
 
     def start(self) -> None:
         before = mailbox.heartbeat(self.world)[1].get("boot_id")
-        argv = [
-            str(BINARY),
-            "--world",
-            str(self.world.path),
-            "--gameid",
-            "minetest",
-            "--port",
-            str(self.port),
-            "--config",
-            str(self.root / "minetest.conf"),
-            "--logfile",
-            str(self.root / "debug.txt"),
-        ]
+        argv = server_command(BINARY, self.world.path, self.port, self.root / "minetest.conf", self.root / "debug.txt")
         self.process = self.demo.start("luanti", argv, self.logs)
 
         def beating() -> bool:
@@ -78,10 +85,7 @@ class Server:
         self.demo.wait_for("the Luanti server", beating)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            self.process.wait(20)
-        self.demo.children[:] = [(n, p) for n, p in self.demo.children if p is not self.process]
+        self.demo.stop_child(self.process, sig)
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         reply = mailbox.call(self.world, op, **args)
@@ -105,34 +109,10 @@ def main(demo: ModuleType, logs: Path, password: str) -> None:
     server.make_world()
     # The cluster and the web server read these when they start; this process too.
     os.environ["LUANTI_WORLDS"] = str(server.world.path)
-    os.environ.setdefault("EVENT_BACKEND_WATCH_S", "10")
-    os.environ.setdefault("EVENT_OUTAGE_PROBE_S", "3")
     settings.LUANTI_WORLDS = str(server.world.path)
     server.start()
-    demo.start("cluster", demo.manage("qcluster"), logs)
-    demo.start("web", demo.manage("runserver", f"127.0.0.1:{demo.WEB_PORT}", "--noreload"), logs)
-    import httpx
-
-    demo.wait_for("the web server", lambda: httpx.get(f"{demo.WEB}/admin/login/", timeout=2).status_code == 200)
-    demo.wait_for("the cluster", demo.cluster_answers)
-    demo.say(f"ready: admin {demo.WEB}/admin/  user demo  password {password}")
-    demo.say(f"Luanti server on 127.0.0.1 UDP {server.port}, world {server.world.path}")
-    if demo.STORY:
-        tell_story(demo, server)
-    demo.say("the story is told; the system keeps running. Ctrl-C stops it.")
-    while True:
-        demo.queue_tick()
-        time.sleep(5)
-
-
-def _ticks_until(demo: ModuleType, check: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        demo.queue_tick()
-        time.sleep(2)
-    return bool(check())
+    where = f"Luanti server on 127.0.0.1 UDP {server.port}, world {server.world.path}"
+    demo.on_real_servers(logs, password, where, lambda: tell_story(demo, server))
 
 
 def tell_story(demo: ModuleType, server: Server) -> None:
@@ -156,9 +136,9 @@ def tell_story(demo: ModuleType, server: Server) -> None:
     night = start_run(
         "Wolf night", [spawn(6, [0, 8, 0]), lease, {"action": "core.wait", "params": {"seconds": 10}}], actor="demo"
     )
-    _ticks_until(demo, lambda: made(night, 6), 30)
+    demo.until(lambda: made(night, 6), 30)
     demo.say(f"   in the world: {server.present(refs(night))} wolves, time_speed {server.time_speed()}")
-    _ticks_until(demo, lambda: clean(night), 60)
+    demo.until(lambda: clean(night), 60)
     demo.say(f"   run {night.pk} ended: {server.present(refs(night))} wolves left, time_speed {server.time_speed()}")
 
     demo.say("2/3 a crash: the map was saved with wolves that are then given back, and the server is killed")
@@ -167,11 +147,11 @@ def tell_story(demo: ModuleType, server: Server) -> None:
         [spawn(4, [40, 8, 0]), {"action": "core.wait", "params": {"seconds": 3600}}],
         actor="demo",
     )
-    _ticks_until(demo, lambda: made(pack, 4), 30)
+    demo.until(lambda: made(pack, 4), 30)
     server.stop()  # saves the map, wolves in it
     server.start()
     cancel_run(pack.pk, actor="demo")
-    _ticks_until(demo, lambda: clean(pack), 60)
+    demo.until(lambda: clean(pack), 60)
     demo.say(f"   run {pack.pk} given back: {server.present(refs(pack))} wolves; now kill -9 and start again")
     server.stop(signal.SIGKILL)
     server.start()
@@ -179,8 +159,8 @@ def tell_story(demo: ModuleType, server: Server) -> None:
         f"   the map brought back {server.present(refs(pack))} wolves; the mod's new boot id tells of the "
         "restart (the engine also asks for it every EVENT_BACKEND_WATCH_S, with no run active)"
     )
-    _ticks_until(demo, lambda: Resource.objects.filter(run=pack, resurrected_from__isnull=False).exists(), 90)
-    _ticks_until(demo, lambda: clean(pack) and server.present(refs(pack)) == 0, 60)
+    demo.until(lambda: Resource.objects.filter(run=pack, resurrected_from__isnull=False).exists(), 90)
+    demo.until(lambda: clean(pack) and server.present(refs(pack)) == 0, 60)
     demo.say(f"   found through the new boot id and given back again: {server.present(refs(pack))} wolves")
 
     demo.say("3/3 the server stops while a cancelled run is given back")
@@ -189,16 +169,16 @@ def tell_story(demo: ModuleType, server: Server) -> None:
         [spawn(3, [80, 8, 0]), {"action": "core.wait", "params": {"seconds": 3600}}],
         actor="demo",
     )
-    _ticks_until(demo, lambda: made(raid, 3), 30)
+    demo.until(lambda: made(raid, 3), 30)
     server.stop()
     cancel_run(raid.pk, actor="demo")
     from cleanup import outages
 
-    _ticks_until(demo, lambda: ("luanti", "") in outages.down_backends(), 30)
+    demo.until(lambda: ("luanti", "") in outages.down_backends(), 30)
     attempts = sorted(set(Resource.objects.filter(run=raid, kind="creature").values_list("revert_attempts", flat=True)))
     demo.say(f"   the module is down; the raid's rows wait, attempts spent: {attempts}")
     server.start()
-    _ticks_until(demo, lambda: clean(raid), 90)
+    demo.until(lambda: clean(raid), 90)
     demo.say(
         f"   the server is back; run {raid.pk}: cleanup {Run.objects.get(pk=raid.pk).cleanup_status}, "
         f"{server.present(refs(raid))} wolves left"

@@ -12,6 +12,10 @@
   the mod's ``eventsite.spawn_rate``: ``read``, ``apply`` and a ``restore`` that is a
   compare-and-set done by the mod inside one server step, reporting drift.
 - ``health(backend=...)`` answers the mod's boot id.
+- ``keepalive(backend=..., session=..., ttl_s=...)`` renews the core's session with the mod,
+  whose timer gives back what was spawned and set under it when no keepalive came for the
+  ttl, with no core (the dead-man's switch, docs/modules.md); the mod keeps its sessions in
+  the world's ``eventsite/state.lua``, so a restart forgets none of them.
 
 A step's backend is the world its ``shard`` param names (``LUANTI_WORLDS``); a lease's
 target is the world's name (``default`` for a lone world without one).
@@ -28,6 +32,7 @@ from cleanup.envelopes import (
     ApplyAnswer,
     Failure,
     HealthAnswer,
+    KeepaliveAnswer,
     PerformAnswer,
     ReadAnswer,
     ReconcileAnswer,
@@ -53,7 +58,7 @@ HEALTH_TIMEOUT_MS = 3_000
 
 
 def malformed(world: World, what: str) -> Failure:
-    return {"ok": False, "error": f"{world.label} answered {what} in a shape it should not", "retry": True}
+    return registry.retry(f"{world.label} answered {what} in a shape it should not")
 
 
 def _is_number(value: object) -> bool:
@@ -64,30 +69,13 @@ def _str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _refs_of(resources: object) -> list[str]:
-    """The refs of the resources the engine handed over, each once, in order."""
-    if not isinstance(resources, list | tuple):
-        raise ValueError(f"resources must be a list, not {type(resources).__name__}")
-    refs = []
-    for item in resources:
-        ref = item.get("ref") if isinstance(item, dict) else None
-        if not isinstance(ref, str) or not ref.strip():
-            raise ValueError(f"a resource without a ref: {item!r}")
-        refs.append(ref)
-    return list(dict.fromkeys(refs))
-
-
 def _shard_of(resources: object) -> str:
     """The world the rows' payloads name (for a call made without its backend)."""
     for item in resources if isinstance(resources, list | tuple) else ():
         payload = item.get("payload") if isinstance(item, dict) else None
-        if isinstance(payload, dict) and isinstance(payload.get("shard"), str):
-            return payload["shard"]
+        if isinstance(payload, dict) and isinstance(shard := payload.get("shard"), str):
+            return shard
     return ""
-
-
-def _chunks(refs: list[str]) -> list[list[str]]:
-    return [refs[i : i + CHUNK] for i in range(0, len(refs), CHUNK)]
 
 
 def _health(backend: str) -> HealthAnswer:
@@ -102,6 +90,38 @@ def _health(backend: str) -> HealthAnswer:
     if reply.body.get("ok") is not True or not isinstance(boot_id, str):
         return malformed(world, "health")
     return {"ok": True, "boot_id": boot_id}
+
+
+def _lapse(lapsed: object, world: World, backend: str) -> KeepaliveAnswer:
+    """The mod's record of a lapsed session as ledger refs: its creatures and forceloads as
+    they are, a setting as the lease ref of every target that names the world."""
+    if not isinstance(lapsed, dict):
+        return malformed(world, "a lapsed session")
+    given = lapsed.get("creatures") or []
+    settings = lapsed.get("settings") or {}
+    kept = lapsed.get("kept") or {}
+    if not _str_list(given) or not isinstance(settings, dict) or not isinstance(kept, dict):
+        return malformed(world, "a lapsed session")
+    given_back = [*given, *(ref for name in settings for ref in _lease_refs(str(name), backend))]
+    kept_refs: dict[str, str] = {}
+    for ref, why in kept.items():
+        name = str(ref).removeprefix("setting:")
+        for one in _lease_refs(name, backend) if str(ref).startswith("setting:") else [str(ref)]:
+            kept_refs[one] = str(why)
+    return registry.lapsed(given_back=given_back, kept=kept_refs, at=lapsed.get("at"), silent_s=lapsed.get("silent_s"))
+
+
+def _filed(session: str | None) -> dict[str, Any]:
+    """What a request carries to be filed under the core's session, when it has one."""
+    return {"session": session} if session else {}
+
+
+def _lease_refs(setting: str, backend: str) -> list[str]:
+    """The ledger refs of a leased setting on a world: its target is the world's name, or
+    ``default`` for the lone world."""
+    targets = [backend, worlds.DEFAULT_TARGET] if backend else [worlds.DEFAULT_TARGET]
+    leases = [lease for lease in (TIME_SPEED, SPAWN_RATE) if lease.setting == setting]
+    return [registry.lease_ref(str(lease.id), target) for lease in leases for target in targets]
 
 
 class SpawnAction(registry.Action):
@@ -144,8 +164,31 @@ class SpawnAction(registry.Action):
         return _health(backend)
 
     @never_raises
+    def keepalive(self, *, backend: str = "", session: str, ttl_s: int) -> KeepaliveAnswer:
+        """Renew the core's session with the mod; when its switch went off, what it gave back."""
+        try:
+            world = worlds.world(backend)
+        except WorldError as exc:
+            return terminal(str(exc))
+        reply = mailbox.call(world, "keepalive", timeout=HEALTH_TIMEOUT_MS, session=session, ttl_s=ttl_s)
+        if not reply.ok:
+            return cast(KeepaliveAnswer, reply.failure())
+        if reply.body.get("ok") is not True:
+            return self._refused(world, reply.body, "keepalive")
+        if reply.body.get("lapsed") is None:
+            return {"ok": True}
+        return _lapse(reply.body["lapsed"], world, backend)
+
+    @never_raises
     def perform(
-        self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str, backend: str = ""
+        self,
+        *,
+        run_id: int,
+        step_id: int,
+        params: dict[str, Any],
+        idempotency_key: str,
+        backend: str = "",
+        session: str | None = None,
     ) -> PerformAnswer:
         try:
             self.validate(params)
@@ -166,6 +209,7 @@ class SpawnAction(registry.Action):
             count=params["count"],
             at=params["at"],
             run=run_id,
+            **_filed(session),
         )
         if not reply.ok:
             return cast(PerformAnswer, reply.failure())
@@ -197,12 +241,8 @@ class SpawnAction(registry.Action):
         self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str, backend: str = ""
     ) -> RevertAnswer:
         try:
-            refs = _refs_of(resources)
-        except ValueError as exc:
-            return terminal(str(exc))
-        try:
-            world = self._world(backend, _shard_of(resources))
-        except WorldError as exc:
+            refs, world = registry.refs_of(resources), self._world(backend, _shard_of(resources))
+        except (ValueError, WorldError) as exc:
             return terminal(str(exc))
         if not refs:
             # The step recorded nothing: whatever its key made is its to give back, and
@@ -219,11 +259,10 @@ class SpawnAction(registry.Action):
                 return malformed(world, "a despawn")
             if failed:
                 reasons = "; ".join(f"{ref}: {why}" for ref, why in failed.items())
-                error = f"{world.label} could not give back all the key made: {reasons}"
-                return {"ok": False, "error": error, "retry": True}
+                return registry.retry(f"{world.label} could not give back all the key made: {reasons}")
             return {"ok": True, "failed": []}
         refused: dict[str, str] = {}
-        for chunk in _chunks(refs):
+        for chunk in registry.chunks(refs, CHUNK):
             reply = mailbox.call(world, "despawn", spawn_key=idempotency_key, refs=chunk)
             if not reply.ok:
                 return cast(RevertAnswer, reply.failure())  # what was removed stays so: a retry is safe
@@ -248,16 +287,12 @@ class SpawnAction(registry.Action):
     @never_raises
     def reconcile(self, *, run_id: int, resources: list[RecordedResource], backend: str = "") -> ReconcileAnswer:
         try:
-            refs = _refs_of(resources)
-        except ValueError as exc:
-            return terminal(str(exc))
-        try:
-            world = self._world(backend, _shard_of(resources))
-        except WorldError as exc:
+            refs, world = registry.refs_of(resources), self._world(backend, _shard_of(resources))
+        except (ValueError, WorldError) as exc:
             return terminal(str(exc))
         present: set[str] = set()
         unknown: set[str] = set()
-        for chunk in _chunks(refs):
+        for chunk in registry.chunks(refs, CHUNK):
             reply = mailbox.call(world, "lookup", refs=chunk)
             if not reply.ok:
                 return cast(ReconcileAnswer, reply.failure())  # not knowing is never "all gone"
@@ -322,12 +357,14 @@ class SettingLease(registry.Lease):
         return {"ok": True, "value": reply.body["value"]}
 
     @never_raises
-    def apply(self, *, value: Any, run_id: int, target: str, backend: str = "") -> ApplyAnswer:
+    def apply(
+        self, *, value: Any, run_id: int, target: str, backend: str = "", session: str | None = None
+    ) -> ApplyAnswer:
         try:
             self.validate(value)
         except ValueError as exc:
             return terminal(str(exc))
-        world, reply = self._ask(target, backend, value=value)
+        world, reply = self._ask(target, backend, value=value, **_filed(session))
         if world is None or not isinstance(reply, mailbox.Reply):
             return cast(ApplyAnswer, reply)
         if not reply.ok:
@@ -337,12 +374,23 @@ class SettingLease(registry.Lease):
         return {"ok": True}
 
     @never_raises
-    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str, backend: str = "") -> RestoreAnswer:
+    def restore(
+        self,
+        *,
+        baseline: Any,
+        expected: Any,
+        run_id: int,
+        target: str,
+        backend: str = "",
+        session: str | None = None,
+    ) -> RestoreAnswer:
         if not _is_number(baseline) or not _is_number(expected):
             return terminal(f"baseline and expected must be numbers, not {baseline!r}, {expected!r}")
         # One request, one server step: the mod sets the baseline only while the value in
         # force is still `expected`, and answers success when the baseline is already there.
-        world, reply = self._ask(target, backend, value=baseline, expected=expected, baseline=baseline)
+        # Under the session, a setting put back to its baseline is off the mod's switch.
+        more = _filed(session)
+        world, reply = self._ask(target, backend, value=baseline, expected=expected, baseline=baseline, **more)
         if world is None or not isinstance(reply, mailbox.Reply):
             return cast(RestoreAnswer, reply)
         if not reply.ok:

@@ -13,18 +13,21 @@ or a 5xx is worth another try later, any other 4xx is not; no answer and 502-504
 Each client also watches its shard's boot id (the ``X-Boot-Id`` header of every answer):
 the first time it sees a new one for a URL, after having seen another, it tells the
 engine with ``cleanup.registry.backend_restarted(module, backend)``, naming that shard.
-May import: `cleanup.registry` only, and `eventsite.sandbox.fleet`.
+May import: `cleanup.registry` (and `cleanup.envelopes`, the shapes of its answers) only, and
+`eventsite.sandbox.fleet`.
 """
 
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from django.conf import settings
 
 from cleanup import registry
+from cleanup.envelopes import Failure
 
 from .fleet import parse_shards
 
@@ -38,12 +41,12 @@ RETRYABLE_4XX = frozenset({408, 429})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
-def shard_url():
+def shard_url() -> str:
     """``SANDBOX_SHARD_URL``: the shard of a fleet of one."""
     return str(getattr(settings, "SANDBOX_SHARD_URL", "") or "").rstrip("/")
 
 
-def shards():
+def shards() -> dict[str, str]:
     """The fleet, ``{name: url}``, read now: ``SANDBOX_SHARDS`` (a dict, or the text the
     environment gives), else ``{"": SANDBOX_SHARD_URL}``, a fleet of one."""
     configured = getattr(settings, "SANDBOX_SHARDS", None)
@@ -54,7 +57,7 @@ def shards():
     return {"": shard_url()}
 
 
-def resolve(backend):
+def resolve(backend: str) -> str:
     """The name of the shard a call for ``backend`` goes to: ``backend`` itself, or, for
     ``""`` in a fleet of one named shard, that shard's name (so a call that names no
     backend reaches the only shard there is)."""
@@ -64,7 +67,7 @@ def resolve(backend):
     return backend
 
 
-def unknown_shard(backend, fleet=None):
+def unknown_shard(backend: str, fleet: dict[str, str] | None = None) -> str:
     """The sentence for a backend the fleet has no shard for."""
     fleet = shards() if fleet is None else fleet
     if list(fleet) == [""]:
@@ -75,7 +78,7 @@ def unknown_shard(backend, fleet=None):
     return f"no shard is named {backend!r} (the shards are {names})"
 
 
-def timeout_ms():
+def timeout_ms() -> float:
     value = getattr(settings, "SANDBOX_SHARD_TIMEOUT_MS", DEFAULT_TIMEOUT_MS)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return DEFAULT_TIMEOUT_MS
@@ -87,33 +90,35 @@ class Reply:
     """What the shard answered: ``status`` 0 when it did not answer at all."""
 
     status: int = 0
-    body: dict = field(default_factory=dict)
+    body: dict[str, Any] = field(default_factory=dict)  # the shard's JSON object
     error: str = ""
     terminal: bool = False  # a failure no later try can mend, whatever the status
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return 200 <= self.status < 300 and not self.error
 
     @property
-    def retryable(self):
-        """No answer, a 5xx or an unreadable answer: yes. A 4xx (but 408, 429): no."""
+    def retryable(self) -> bool:
+        """No answer, a 5xx or an unreadable answer: yes. A 4xx (but 408, 429, a session refused): no."""
         if self.terminal:
             return False
+        if self.status == 409 and self.body.get("field") == "session":
+            return True  # a session the shard let go of: the core's next renewal hears of it
         return not (400 <= self.status < 500) or self.status in RETRYABLE_4XX
 
     @property
-    def unavailable(self):
+    def unavailable(self) -> bool:
         """No answer at all, or a gateway or "down" status: the shard, not the request."""
         return not self.terminal and (self.status == 0 or self.status in UNAVAILABLE_STATUSES)
 
-    def failure(self):
+    def failure(self) -> Failure:
         """This reply as a failure envelope (call it only when ``ok`` is false).
 
         ``unavailable`` tells the engine the shard itself is out, so that the failure
         counts towards the module's outage rather than against the row.
         """
-        envelope = {"ok": False, "error": self.error or "the shard failed", "retry": self.retryable}
+        envelope: Failure = {"ok": False, "error": self.error or "the shard failed", "retry": self.retryable}
         if self.unavailable:
             envelope["unavailable"] = True
         return envelope
@@ -124,13 +129,13 @@ class BootWatch:
 
     KEEP = 16  # ids remembered per URL: an answer delayed from before a restart is no news
 
-    def __init__(self, module, backend=""):
+    def __init__(self, module: str, backend: str = "") -> None:
         self.module = module
         self.backend = backend
-        self._seen = {}
+        self._seen: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
-    def observe(self, url, boot_id):
+    def observe(self, url: str, boot_id: str | None) -> bool:
         if not boot_id:
             return False
         with self._lock:
@@ -148,7 +153,7 @@ class BootWatch:
                 logger.exception("could not report the restart of the shard at %s", url)
         return restarted
 
-    def forget(self):
+    def forget(self) -> None:
         with self._lock:
             self._seen.clear()
 
@@ -160,14 +165,14 @@ class ShardClient:
     each request.
     """
 
-    def __init__(self, module, backend=""):
+    def __init__(self, module: str, backend: str = "") -> None:
         self.backend = backend
         self.boot_watch = BootWatch(module, backend)
-        self._http = None
-        self._http_pid = None
+        self._http: httpx.Client | None = None
+        self._http_pid: int | None = None
         self._http_lock = threading.Lock()
 
-    def http(self):
+    def http(self) -> httpx.Client:
         """One httpx client per process (a forked worker makes its own), shared by threads.
 
         ``trust_env=False``: a proxy from the environment must not sit between the
@@ -179,16 +184,16 @@ class ShardClient:
                 self._http_pid = os.getpid()
             return self._http
 
-    def get(self, path, params=None):
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Reply:
         return self.request("GET", path, params=params)
 
-    def post(self, path, json):
+    def post(self, path: str, json: object) -> Reply:
         return self.request("POST", path, json=json)
 
-    def put(self, path, json):
+    def put(self, path: str, json: object) -> Reply:
         return self.request("PUT", path, json=json)
 
-    def url(self):
+    def url(self) -> tuple[str, None] | tuple[None, str]:
         """The shard's URL now, or ``(None, why not)``."""
         try:
             fleet = shards()
@@ -201,10 +206,10 @@ class ShardClient:
             return None, "SANDBOX_SHARD_URL is not set"
         return base, None
 
-    def request(self, method, path, *, json=None, params=None):
+    def request(self, method: str, path: str, *, json: object = None, params: dict[str, Any] | None = None) -> Reply:
         base, problem = self.url()
-        if problem:
-            return Reply(error=problem, terminal=True)
+        if base is None:
+            return Reply(error=problem or "", terminal=True)
         limit_ms = timeout_ms()
         what = f"{method} {path}"
         who = f"the shard {self.backend!r}" if self.backend else "the shard"
@@ -242,12 +247,12 @@ class ShardClient:
 class Fleet:
     """One `ShardClient` per shard of the fleet, made on first use and kept per process."""
 
-    def __init__(self, module):
+    def __init__(self, module: str) -> None:
         self.module = module
-        self._clients = {}
+        self._clients: dict[str, ShardClient] = {}
         self._lock = threading.Lock()
 
-    def client(self, backend=""):
+    def client(self, backend: str = "") -> ShardClient:
         """The client of the shard a call for ``backend`` goes to (see `resolve`)."""
         name = resolve(backend)
         with self._lock:
@@ -256,11 +261,11 @@ class Fleet:
                 found = self._clients[name] = ShardClient(self.module, name)
             return found
 
-    def names(self):
+    def names(self) -> list[str]:
         """The shards' names now, sorted (``[""]`` for a fleet of one unnamed shard)."""
         return sorted(shards())
 
-    def forget(self):
+    def forget(self) -> None:
         """Forget every boot id seen (as a fresh process would)."""
         with self._lock:
             clients = list(self._clients.values())

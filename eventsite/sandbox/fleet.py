@@ -25,7 +25,7 @@ class BadShards(ValueError):
     """A ``SANDBOX_SHARDS`` that cannot be used; the message names the bad item."""
 
 
-def url_problem(url):
+def url_problem(url: str) -> str | None:
     """What is wrong with a shard's URL, or None."""
     try:
         parts = urlsplit(url)
@@ -41,14 +41,14 @@ def url_problem(url):
     return None
 
 
-def parse_shards(text):
+def parse_shards(text: str | None) -> dict[str, str]:
     """``{name: url}`` from ``"north=http://…,south=http://…"``, in the order given.
 
     An empty text is an empty fleet (the site then uses ``SANDBOX_SHARD_URL``); empty
     items (a trailing comma) are ignored. Raises `BadShards` naming the first bad item.
     """
-    shards = {}
-    by_url = {}
+    shards: dict[str, str] = {}
+    by_url: dict[str, str] = {}
     for raw in (text or "").split(","):
         item = raw.strip()
         if not item:

@@ -19,6 +19,10 @@ it shows:
 - the lease restores only over the value it applied (``expected``) and reports drift;
 - ``health(backend=…)`` answers the shard's boot id, so the engine sees a restart nobody
   reported, and ``unavailable: true`` when the shard cannot be reached;
+- ``keepalive(backend=…, session=…, ttl_s=…)`` renews the core's session on the shard, whose
+  dead-man's switch gives back what was filed under it (``perform``, ``apply`` and
+  ``restore`` send the session) when the core falls silent, and tells which ledger refs
+  it gave back when the session had lapsed;
 - the client (`eventsite.sandbox.client`) maps transport errors and 5xx to ``retry:
   True``, 4xx to ``retry: False``, and reports a shard restart to the engine, naming it.
 May import: `cleanup.registry` and `cleanup.envelopes`, and its own client.
@@ -26,7 +30,7 @@ May import: `cleanup.registry` and `cleanup.envelopes`, and its own client.
 
 import logging
 import math
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 from cleanup import registry
@@ -34,6 +38,7 @@ from cleanup.envelopes import (
     ApplyAnswer,
     Failure,
     HealthAnswer,
+    KeepaliveAnswer,
     PerformAnswer,
     ReadAnswer,
     ReconcileAnswer,
@@ -60,11 +65,7 @@ fleet = Fleet(MODULE)
 
 
 def malformed(what: str) -> Failure:
-    return {
-        "ok": False,
-        "error": f"the shard answered {what} in a shape it should not",
-        "retry": True,
-    }
+    return registry.retry(f"the shard answered {what} in a shape it should not")
 
 
 def _text(params: dict[str, Any], name: str) -> str:
@@ -80,24 +81,7 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _refs_of(resources: object) -> list[str]:
-    """The refs of the resources the engine handed over, each once, in order."""
-    if not isinstance(resources, list | tuple):
-        raise ValueError(f"resources must be a list, not {type(resources).__name__}")
-    refs = []
-    for item in resources:
-        ref = item.get("ref") if isinstance(item, dict) else None
-        if not isinstance(ref, str) or not ref.strip():
-            raise ValueError(f"a resource without a ref: {item!r}")
-        refs.append(ref)
-    return list(dict.fromkeys(refs))
-
-
-def _chunks(refs: list[str]) -> list[list[str]]:
-    return [refs[i : i + CHUNK] for i in range(0, len(refs), CHUNK)]
-
-
-def _str_list(value: object) -> bool:
+def _str_list(value: object) -> TypeGuard[list[str]]:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
@@ -159,7 +143,9 @@ def client_for(backend: str, named: str | None = None) -> ShardClient:
 
 
 class SpawnAction(registry.Action):
-    """``sandbox.spawn``: ``{"creature": "orc", "count": 20, "at": "north-gate"}``."""
+    """``sandbox.spawn``: ``{"creature": "orc", "count": 20, "at": "north-gate", "shard": "north"}``;
+    ``shard`` names the shard it spawns on (``SANDBOX_SHARDS``), and may be left out where
+    the site has one shard only."""
 
     id = "sandbox.spawn"
     module = MODULE
@@ -204,8 +190,26 @@ class SpawnAction(registry.Action):
         return {"ok": True, "boot_id": boot_id}
 
     @never_raises
+    def keepalive(self, *, backend: str = "", session: str, ttl_s: int) -> KeepaliveAnswer:
+        """Renew the core's session on the shard; when its switch went off, say what it gave back."""
+        reply = fleet.client(backend).post("/keepalive", {"session": session, "ttl_s": ttl_s})
+        if not reply.ok:
+            return reply.failure()
+        lapsed = reply.body.get("lapsed")
+        if lapsed is None:
+            return {"ok": True}
+        return _lapse(lapsed, backend) or malformed("a lapsed session")
+
+    @never_raises
     def perform(
-        self, *, run_id: int, step_id: int, params: dict[str, Any], idempotency_key: str, backend: str = ""
+        self,
+        *,
+        run_id: int,
+        step_id: int,
+        params: dict[str, Any],
+        idempotency_key: str,
+        backend: str = "",
+        session: str | None = None,
     ) -> PerformAnswer:
         try:
             self._check_params(params)
@@ -222,6 +226,7 @@ class SpawnAction(registry.Action):
                 "creature": params["creature"],
                 "count": params["count"],
                 "at": params["at"],
+                **({"session": session} if session else {}),
             },
         )
         if not reply.ok:
@@ -252,7 +257,7 @@ class SpawnAction(registry.Action):
         self, *, run_id: int, resources: list[RecordedResource], idempotency_key: str, backend: str = ""
     ) -> RevertAnswer:
         try:
-            refs = _refs_of(resources)
+            refs = registry.refs_of(resources)
         except ValueError as exc:
             return terminal(str(exc))
         shard = fleet.client(backend)  # the step's shard: an empty list too goes to it
@@ -275,7 +280,7 @@ class SpawnAction(registry.Action):
                 return malformed("a list of creatures")
             refs = [c["ref"] for c in creatures]
         refused = {}
-        for chunk in _chunks(refs):
+        for chunk in registry.chunks(refs, CHUNK):
             reply = shard.post("/despawn", {"refs": chunk})
             if not reply.ok:
                 return reply.failure()  # what was despawned stays so: a retry is safe
@@ -298,12 +303,12 @@ class SpawnAction(registry.Action):
     @never_raises
     def reconcile(self, *, run_id: int, resources: list[RecordedResource], backend: str = "") -> ReconcileAnswer:
         try:
-            refs = _refs_of(resources)
+            refs = registry.refs_of(resources)
         except ValueError as exc:
             return terminal(str(exc))
         shard = fleet.client(backend)
-        present = set()
-        for chunk in _chunks(refs):
+        present: set[str] = set()
+        for chunk in registry.chunks(refs, CHUNK):
             reply = shard.post("/creatures/lookup", {"refs": chunk})
             if not reply.ok:
                 return reply.failure()  # not knowing is a failure, never "all gone"
@@ -354,18 +359,29 @@ class SpawnerRateLease(registry.Lease):
         return {"ok": True, "value": reply.body["rate"]}
 
     @never_raises
-    def apply(self, *, value: Any, run_id: int, target: str, backend: str = "") -> ApplyAnswer:
+    def apply(
+        self, *, value: Any, run_id: int, target: str, backend: str = "", session: str | None = None
+    ) -> ApplyAnswer:
         try:
             shard, path = self._where(target, backend)
         except ValueError as exc:
             return terminal(str(exc))
         if not _is_number(value):
             return terminal(f"a spawner rate must be a number, not {value!r}")
-        reply = shard.put(path, {"rate": value})
+        reply = shard.put(path, {"rate": value, **({"session": session} if session else {})})
         return {"ok": True} if reply.ok else reply.failure()
 
     @never_raises
-    def restore(self, *, baseline: Any, expected: Any, run_id: int, target: str, backend: str = "") -> RestoreAnswer:
+    def restore(
+        self,
+        *,
+        baseline: Any,
+        expected: Any,
+        run_id: int,
+        target: str,
+        backend: str = "",
+        session: str | None = None,
+    ) -> RestoreAnswer:
         try:
             shard, path = self._where(target, backend)
         except ValueError as exc:
@@ -373,7 +389,9 @@ class SpawnerRateLease(registry.Lease):
         if not _is_number(baseline) or not _is_number(expected):
             return terminal(f"baseline and expected must be numbers, not {baseline!r}, {expected!r}")
         # Conditional: the shard changes the rate only while it still is what we applied.
-        reply = shard.put(path, {"rate": baseline, "expected": expected})
+        # Under the session, a rate put back to its baseline is off the shard's switch.
+        body = {"rate": baseline, "expected": expected, **({"session": session} if session else {})}
+        reply = shard.put(path, body)
         if reply.ok:
             return {"ok": True}
         if reply.status == 409 and "current" in reply.body:
@@ -382,6 +400,37 @@ class SpawnerRateLease(registry.Lease):
                 return {"ok": True}  # already put back (by an earlier call that landed late)
             return {"ok": False, "drifted": True, "current": current}
         return reply.failure()
+
+
+def _lapse(lapsed: object, backend: str) -> KeepaliveAnswer | None:
+    """The shard's record of a lapsed session as the engine reads it: ledger refs given
+    back and kept. A spawner is a lease's target, named with its shard in a fleet (both
+    spellings are given: a site of one named shard may name its spawners bare)."""
+    if not isinstance(lapsed, dict):
+        return None
+    given, kept = lapsed.get("given_back"), lapsed.get("kept")
+    if not isinstance(given, dict) or not isinstance(kept, dict):
+        return None
+    creatures, spawners = given.get("creatures"), given.get("spawners")
+    kept_creatures, kept_spawners = kept.get("creatures"), kept.get("spawners")
+    if not isinstance(creatures, list) or not _str_list(creatures):
+        return None
+    if not isinstance(spawners, dict) or not isinstance(kept_creatures, dict) or not isinstance(kept_spawners, dict):
+        return None
+    return registry.lapsed(
+        given_back=[*creatures, *(r for name in spawners for r in _lease_refs(str(name), backend))],
+        kept={
+            **{str(ref): str(why) for ref, why in kept_creatures.items()},
+            **{r: str(why) for name, why in kept_spawners.items() for r in _lease_refs(str(name), backend)},
+        },
+        at=lapsed.get("at"),
+        silent_s=lapsed.get("silent_s"),
+    )
+
+
+def _lease_refs(spawner: str, backend: str) -> list[str]:
+    targets = [f"{backend}{TARGET_SHARD}{spawner}", spawner] if backend else [spawner]
+    return [registry.lease_ref(SpawnerRateLease.id, target) for target in targets]
 
 
 SPAWN = SpawnAction()

@@ -56,7 +56,26 @@ PUT      /spawners/NAME            ``{"rate", "expected"?}``: ``{"name", "rate",
                                    conditional: when the rate in force is not
                                    ``expected`` it answers 409 ``{"error",
                                    "current"}`` and changes nothing.
+POST     /keepalive                ``{"session", "ttl_s"}`` (1..604800): arms or
+                                   renews the core's session, ``{"session", "ttl_s",
+                                   "holds"}``; a session whose switch went off answers
+                                   ``{"session", "lapsed": {...}}`` (see below).
 =======  ========================  ==================================================
+
+``/spawn`` and ``PUT /spawners/NAME`` take an optional ``"session"``: what they take is
+filed under it (the spawn's key; the spawner's rate from before the session's first
+change, its baseline, and the rate last set). A session must be armed by ``/keepalive``
+first, and one that lapsed takes nothing more (409). A ``PUT`` under the session that puts
+the baseline back takes the spawner off the session.
+
+The dead-man's switch: a session that hears no ``/keepalive`` for ``ttl_s`` seconds lapses,
+and the shard gives back, by itself, everything filed under it, as the core would: each
+key is revoked and its creatures still in the world despawned (a ``stuck`` creature is
+kept, with its reason), and each spawner whose rate is still the one last set under the
+session goes back to its baseline (one changed by somebody else is kept, with its reason).
+It remembers what it did: ``{"at", "ttl_s", "silent_s", "given_back": {"creatures":
+[refs], "spawners": {name: baseline}}, "kept": {"creatures": {ref: why}, "spawners":
+{name: why}}}``, answered to the session's next ``/keepalive`` and to ``GET /switch``.
 
 Harness routes (never subject to faults, so a test can always steer the shard):
 
@@ -77,6 +96,9 @@ DELETE   /faults                   clear every fault.
 POST     /drift                    ``{"spawner", "rate"}``: change (or create) a
                                    spawner's rate behind the engine's back.
 POST     /save                     save the world now: ``{"saved_at", "creatures"}``.
+GET      /switch                   ``{"sessions": [{"session", "ttl_s", "silent_s",
+                                   "keys", "spawners", "lapsed"}]}``: each session and
+                                   what its switch gave back, if it went off.
 POST     /restart                  ``{"mode": "rollback" | "wipe"}`` (body optional,
                                    rollback by default): ``{"boot_id",
                                    "previous_boot_id", "mode"}``. Faults are kept:
@@ -125,6 +147,9 @@ MAX_RATE = 1_000_000
 MAX_LATENCY_MS = 60_000
 MAX_STUCK = 100
 MAX_BODY_BYTES = 1_000_000
+MAX_TTL_S = 7 * 86_400
+# How often the switch looks for sessions that went quiet.
+SWITCH_EVERY_S = 0.2
 RESTART_MODES = ("rollback", "wipe")
 SPAWNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -217,6 +242,9 @@ class World:
             ref = _new_ref()
             self.creatures[ref] = {"ref": ref, "kind": kind, "at": at, "key": None}
         self.faults = {"latency_ms": 0, "error_rate": 0.0, "down": False, "stuck": []}
+        # The core's sessions (the dead-man's switch): kept across a restart, as the
+        # switch's own record must outlive what it guards.
+        self.sessions = {}
         self.boot_id = str(uuid.uuid4())
         self.started_at = _now()
         self._snapshot = None
@@ -261,9 +289,10 @@ class World:
             self.started_at = _now()
             return {"boot_id": self.boot_id, "previous_boot_id": previous, "mode": mode}
 
-    def spawn(self, key, creature, count, at):
+    def spawn(self, key, creature, count, at, session=None):
         """``(created, answer)``: created is False when the key had already spawned."""
         with self.lock:
+            filed = self._session_for(session)
             if key in self.revoked:
                 raise BadRequest(f"key {key!r} was given back; it spawns nothing more", status=409, field="key")
             done = self.spawns.get(key)
@@ -283,6 +312,8 @@ class World:
                     "creatures": records,
                     "despawned": gone,
                 }
+            if filed is not None:
+                filed["keys"].add(key)
             records = []
             for _ in range(count):
                 ref = _new_ref()
@@ -342,8 +373,9 @@ class World:
                 raise BadRequest(f"no spawner is named {name!r}", status=404)
             return {"name": name, "rate": self.spawners[name]}
 
-    def set_rate(self, name, rate, expected=None, create=False):
+    def set_rate(self, name, rate, expected=None, create=False, session=None):
         with self.lock:
+            filed = self._session_for(session)
             if name not in self.spawners and not create:
                 raise BadRequest(f"no spawner is named {name!r}", status=404)
             previous = self.spawners.get(name)
@@ -355,7 +387,114 @@ class World:
                     current=previous,
                 )
             self.spawners[name] = rate
+            if filed is not None:
+                self._file_rate(filed, name, previous, rate)
             return {"name": name, "rate": rate, "previous": previous}
+
+    # -- the dead-man's switch (every method below but `keepalive` and `switch` runs
+    # under the lock) --
+
+    def _session_for(self, session):
+        """The session's record to file under, or None when the call names none."""
+        if session is None:
+            return None
+        filed = self.sessions.get(session)
+        if filed is None:
+            raise BadRequest(f"no session {session!r}: arm it with /keepalive first", status=409, field="session")
+        if filed["lapsed"] is not None:
+            raise BadRequest(
+                f"session {session!r} lapsed: its switch gave back what it held",
+                status=409,
+                field="session",
+                lapsed=filed["lapsed"],
+            )
+        return filed
+
+    @staticmethod
+    def _file_rate(filed, name, previous, rate):
+        held = filed["spawners"].get(name)
+        if held is None:
+            filed["spawners"][name] = {"baseline": previous, "applied": rate}
+        elif rate == held["baseline"]:
+            del filed["spawners"][name]  # the core put the baseline back itself
+        else:
+            held["applied"] = rate
+
+    def keepalive(self, session, ttl_s):
+        with self.lock:
+            filed = self.sessions.get(session)
+            if filed is not None and filed["lapsed"] is not None:
+                return {"session": session, "lapsed": copy.deepcopy(filed["lapsed"])}
+            if filed is None:
+                filed = self.sessions[session] = {"keys": set(), "spawners": {}, "lapsed": None}
+            filed["ttl_s"] = ttl_s
+            filed["renewed"] = time.monotonic()
+            return {"session": session, "ttl_s": ttl_s, "holds": self._holds(filed)}
+
+    def _holds(self, filed):
+        creatures = sum(1 for c in self.creatures.values() if c["key"] in filed["keys"])
+        return {"keys": len(filed["keys"]), "creatures": creatures, "spawners": sorted(filed["spawners"])}
+
+    def switch(self):
+        """Each session, what it holds, and what its switch gave back if it went off."""
+        now = time.monotonic()
+        with self.lock:
+            return {
+                "sessions": [
+                    {
+                        "session": session,
+                        "ttl_s": filed["ttl_s"],
+                        "silent_s": round(now - filed["renewed"], 3),
+                        "holds": self._holds(filed),
+                        "lapsed": copy.deepcopy(filed["lapsed"]),
+                    }
+                    for session, filed in self.sessions.items()
+                ]
+            }
+
+    def lapse_due(self):
+        """Give back what every session that went quiet for its ttl held; answers how many lapsed."""
+        now = time.monotonic()
+        lapsed = 0
+        with self.lock:
+            for filed in self.sessions.values():
+                silent = now - filed["renewed"]
+                if filed["lapsed"] is None and silent >= filed["ttl_s"]:
+                    filed["lapsed"] = self._give_back(filed, silent)
+                    lapsed += 1
+        return lapsed
+
+    def _give_back(self, filed, silent):
+        stuck = set(self.faults["stuck"])
+        creatures, kept_creatures = [], {}
+        for key in sorted(filed["keys"]):
+            self.revoked.add(key)  # a spawn still on its way lands nothing now
+            for ref, creature in list(self.creatures.items()):
+                if creature["key"] != key:
+                    continue
+                if self._stuck(creature, stuck):
+                    kept_creatures[ref] = f"the {creature['kind']} is in combat"
+                    continue
+                del self.creatures[ref]
+                creatures.append(ref)
+        spawners, kept_spawners = {}, {}
+        for name, held in sorted(filed["spawners"].items()):
+            current = self.spawners.get(name)
+            if current == held["applied"] and held["baseline"] is not None:
+                self.spawners[name] = held["baseline"]
+                spawners[name] = held["baseline"]
+            elif current == held["baseline"]:
+                spawners[name] = held["baseline"]  # already back
+            else:
+                kept_spawners[name] = f"the rate is {current!r}, not the {held['applied']!r} set under the session"
+        filed["keys"], filed["spawners"] = set(), {}
+        return {
+            "at": _now(),
+            "ttl_s": filed["ttl_s"],
+            "silent_s": round(silent, 3),
+            "given_back": {"creatures": creatures, "spawners": spawners},
+            "kept": {"creatures": kept_creatures, "spawners": kept_spawners},
+        }
 
     def get_faults(self):
         with self.lock:
@@ -377,7 +516,7 @@ def route_health(world, request):
 
 def route_spawn(world, request):
     body = request.json_object()
-    _only(body, ("key", "creature", "count", "at"))
+    _only(body, ("key", "creature", "count", "at", "session"))
     key = _text(body, "key")
     creature = _text(body, "creature")
     if "count" not in body:
@@ -386,7 +525,8 @@ def route_spawn(world, request):
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise BadRequest(f"count must be a whole number from 1 to {MAX_COUNT}", field="count")
     at = _text(body, "at")
-    created, answer = world.spawn(key, creature, count, at)
+    session = _text(body, "session") if "session" in body else None
+    created, answer = world.spawn(key, creature, count, at, session=session)
     return (201 if created else 200), answer
 
 
@@ -432,10 +572,26 @@ def route_get_spawner(world, request, name):
 
 def route_put_spawner(world, request, name):
     body = request.json_object()
-    _only(body, ("rate", "expected"))
+    _only(body, ("rate", "expected", "session"))
     rate = _rate(body, "rate")
     expected = _rate(body, "expected", required=False)
-    return 200, world.set_rate(name, rate, expected=expected)
+    session = _text(body, "session") if "session" in body else None
+    return 200, world.set_rate(name, rate, expected=expected, session=session)
+
+
+def route_keepalive(world, request):
+    body = request.json_object()
+    _only(body, ("session", "ttl_s"))
+    session = _text(body, "session")
+    ttl_s = body.get("ttl_s")
+    if not _is_number(ttl_s) or not 0 < ttl_s <= MAX_TTL_S:
+        raise BadRequest(f"ttl_s must be a number of seconds above 0 and at most {MAX_TTL_S}", field="ttl_s")
+    return 200, world.keepalive(session, ttl_s)
+
+
+def route_switch(world, request):
+    request.no_body()
+    return 200, world.switch()
 
 
 def route_get_faults(world, request):
@@ -520,6 +676,8 @@ ROUTES = [
     ("GET", r"/spawners", route_spawners, False),
     ("GET", r"/spawners/(?P<name>[^/]+)", route_get_spawner, False),
     ("PUT", r"/spawners/(?P<name>[^/]+)", route_put_spawner, False),
+    ("POST", r"/keepalive", route_keepalive, False),
+    ("GET", r"/switch", route_switch, True),
     ("GET", r"/faults", route_get_faults, True),
     ("POST", r"/faults", route_post_faults, True),
     ("DELETE", r"/faults", route_delete_faults, True),
@@ -751,6 +909,12 @@ def _saver(world, every_s, stop):
         world.save()
 
 
+def _switch(world, stop):
+    """The dead-man's switch: runs whether or not anybody talks to the shard."""
+    while not stop.wait(SWITCH_EVERY_S):
+        world.lapse_due()
+
+
 def serve(host=DEFAULT_HOST, port=DEFAULT_PORT, save_every=DEFAULT_SAVE_EVERY_S, out=None):
     """Run a shard until SIGTERM or SIGINT; answers the process exit status."""
     out = out or sys.stdout
@@ -758,6 +922,7 @@ def serve(host=DEFAULT_HOST, port=DEFAULT_PORT, save_every=DEFAULT_SAVE_EVERY_S,
     stop = threading.Event()
     if save_every > 0:
         threading.Thread(target=_saver, args=(server.world, save_every, stop), name="shard-saver", daemon=True).start()
+    threading.Thread(target=_switch, args=(server.world, stop), name="shard-switch", daemon=True).start()
 
     def on_signal(signum, frame):
         stop.set()

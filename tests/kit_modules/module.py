@@ -29,9 +29,13 @@ class NewThingsOnRepeat(SpawnAction):
     id = "kit.new_things_on_repeat"
     module = MODULE
 
-    def perform(self, *, run_id, step_id, params, idempotency_key):
+    def perform(self, *, run_id, step_id, params, idempotency_key, session=None):
         return super().perform(
-            run_id=run_id, step_id=step_id, params=params, idempotency_key=f"{idempotency_key}-{uuid.uuid4().hex[:8]}"
+            run_id=run_id,
+            step_id=step_id,
+            params=params,
+            idempotency_key=f"{idempotency_key}-{uuid.uuid4().hex[:8]}",
+            session=session,
         )
 
 
@@ -68,6 +72,19 @@ class PermanentWhenDown(SpawnAction):
         return answer if answer.get("ok") else {**answer, "retry": False}
 
 
+class SwitchThatNeverFires(SpawnAction):
+    """Keeps the session alive, and files nothing under it: when the core is gone, nothing
+    is given back."""
+
+    id = "kit.switch_never_fires"
+    module = MODULE
+
+    def perform(self, *, run_id, step_id, params, idempotency_key, backend="", session=None):
+        return super().perform(
+            run_id=run_id, step_id=step_id, params=params, idempotency_key=idempotency_key, backend=backend
+        )
+
+
 class HonestRate(SpawnerRateLease):
     id = "kit.rate"
     module = MODULE
@@ -101,5 +118,13 @@ class StrictRestore(SpawnerRateLease):
         return {"ok": True} if reply.ok else reply.failure()
 
 
-ACTIONS = [HonestSpawn(), LyingRevert(), NewThingsOnRepeat(), BlindReconcile(), RaisingRevert(), PermanentWhenDown()]
+ACTIONS = [
+    HonestSpawn(),
+    LyingRevert(),
+    NewThingsOnRepeat(),
+    BlindReconcile(),
+    RaisingRevert(),
+    PermanentWhenDown(),
+    SwitchThatNeverFires(),
+]
 LEASES = [HonestRate(), OverwritingRestore(), StrictRestore()]

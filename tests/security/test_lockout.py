@@ -1,5 +1,7 @@
-"""Guessed passwords: a username is locked out after EVENT_LOGIN_FAILURE_LIMIT failures, even
-with the right password, the page says so, failures are listed, and a superuser lifts it."""
+"""Guessed passwords: a username is locked out from an address after EVENT_LOGIN_FAILURE_LIMIT
+failures there, even with the right password, but not from elsewhere; an address is locked
+out after EVENT_LOGIN_ADDRESS_FAILURE_LIMIT failures whatever the usernames; the page says
+so, failures are listed, and a superuser lifts it."""
 
 import logging
 from datetime import timedelta
@@ -27,6 +29,10 @@ def root():
     return User.objects.create_superuser("root", password=PASSWORD)
 
 
+def from_address(address):
+    return Client(REMOTE_ADDR=address)
+
+
 def log_in(client, username, password):
     return client.post(LOGIN, {"username": username, "password": password, "next": "/admin/"})
 
@@ -45,7 +51,7 @@ def test_the_right_password_is_refused_after_five_failures_and_the_page_says_why
     assert answer.status_code == 429
     assert int(answer["Retry-After"]) == 900
     text = answer.content.decode()
-    assert "locked out after 5 failed logins" in text and "15 minutes" in text
+    assert "username is locked out from this address after 5 failed logins" in text and "15 minutes" in text
     assert not signed_in(client)
     # Each failure is logged and listed, the lockout too.
     assert AccessFailureLog.objects.filter(username="operator").count() >= 5
@@ -70,6 +76,43 @@ def test_the_lockout_is_per_username(staff):
     for _ in range(5):
         log_in(client, "operator", "wrong")
     assert log_in(Client(), "other", PASSWORD).status_code == 302
+
+
+def test_the_superuser_logs_in_from_another_address_while_locked_out_from_one(root):
+    attacker = from_address("203.0.113.7")
+    for _ in range(5):
+        log_in(attacker, "root", "wrong")
+    assert log_in(from_address("203.0.113.7"), "root", PASSWORD).status_code == 429
+    office = from_address("10.1.2.3")
+    assert log_in(office, "root", PASSWORD).status_code == 302
+    assert signed_in(office)
+    # Still refused where the guesses came from.
+    assert log_in(from_address("203.0.113.7"), "root", PASSWORD).status_code == 429
+
+
+def test_one_address_trying_many_usernames_is_refused_past_the_address_limit(staff):
+    names = ["operator", "admin", "root", "ops", "deploy", "backup"]
+    guesser = from_address("198.51.100.4")
+    answers = [log_in(guesser, name, "wrong").status_code for _ in range(4) for name in names]
+    # 24 guesses, 4 per username (under the username's limit of 5): the 20th failure locks
+    # the address out (answered with the lockout page, as the username's 5th is), and so on.
+    assert answers[:19] == [200] * 19
+    assert set(answers[19:]) == {429}
+    refused = log_in(from_address("198.51.100.4"), "operator", PASSWORD)
+    assert refused.status_code == 429
+    assert "address is locked out after 20 failed logins" in refused.content.decode()
+    # Another address is not held up.
+    assert log_in(from_address("10.1.2.3"), "operator", PASSWORD).status_code == 302
+
+
+@override_settings(EVENT_LOGIN_ADDRESS_FAILURE_LIMIT=3)
+def test_the_address_limit_comes_from_the_settings_and_ends_after_the_cool_off(staff):
+    guesser = from_address("198.51.100.5")
+    for name in ("a", "b", "c"):
+        assert log_in(guesser, name, "wrong").status_code in (200, 429)
+    assert log_in(from_address("198.51.100.5"), "operator", PASSWORD).status_code == 429
+    with time_machine.travel(timezone.now() + timedelta(seconds=901), tick=False):
+        assert log_in(from_address("198.51.100.5"), "operator", PASSWORD).status_code == 302
 
 
 @override_settings(EVENT_LOGIN_FAILURE_LIMIT=2, EVENT_LOGIN_COOLOFF_S=60)

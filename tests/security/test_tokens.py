@@ -145,19 +145,40 @@ def test_staff_without_the_permission_cannot_revoke_a_token():
 
 
 @override_settings(EVENT_TOKEN_FAILURE_LIMIT=5, EVENT_TOKEN_FAILURE_WINDOW_S=60)
-def test_failed_tokens_are_throttled_per_client_address_with_retry_after():
+def test_guessed_tokens_from_one_address_are_refused_after_the_limit_while_a_valid_token_still_works():
     _, key = issue(user_with("view_run"))
     for n in range(5):
         assert client_with(f"{n:064x}").get(RUNS).status_code == 401
     answer = client_with("f" * 64).get(RUNS)
     assert answer.status_code == 429
     assert 1 <= int(answer["Retry-After"]) <= 60
-    # The right token too, from that address, until the window passes ...
-    assert client_with(key).get(RUNS).status_code == 429
-    # ... while another address is not held up.
+    # A console behind the same address (a NAT) keeps working with its own token ...
+    assert client_with(key).get(RUNS).status_code == 200
+    # ... while guesses from there stay refused, and another address is not held up.
+    assert client_with("e" * 64).get(RUNS).status_code == 429
+    assert client_with("e" * 64, address="10.0.0.2").get(RUNS).status_code == 401
+    with time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False):
+        assert client_with("e" * 64).get(RUNS).status_code == 401
+
+
+@override_settings(EVENT_TOKEN_FAILURE_LIMIT=5, EVENT_TOKEN_FAILURE_WINDOW_S=60)
+def test_a_token_prefix_guessed_too_often_from_an_address_is_refused_there_the_right_key_too():
+    _, key = issue(user_with("view_run"))
+    wrong_rest = key[:15] + ("0" if key[15] != "0" else "1") + key[16:]
+    for _ in range(5):
+        assert client_with(wrong_rest).get(RUNS).status_code == 401
+    answer = client_with(key).get(RUNS)
+    assert answer.status_code == 429 and 1 <= int(answer["Retry-After"]) <= 60
+    # From another address the token works, and here again once the window has passed.
     assert client_with(key, address="10.0.0.2").get(RUNS).status_code == 200
     with time_machine.travel(timezone.now() + timedelta(seconds=61), tick=False):
         assert client_with(key).get(RUNS).status_code == 200
+
+
+def test_the_token_lockout_trips_at_the_twentieth_failure_by_default():
+    for n in range(20):
+        assert client_with(f"{n:064x}").get(RUNS).status_code == 401, n
+    assert client_with("f" * 64).get(RUNS).status_code == 429
 
 
 def test_a_token_that_cannot_be_one_is_a_401_not_a_500():
@@ -188,3 +209,79 @@ def test_the_migration_hashes_the_old_plain_text_tokens_and_they_keep_working():
     assert client_with(old_key).get(RUNS).status_code == 200
     row = AuthToken.objects.get(user=user)
     assert abs(row.expiry - (timezone.now() + timedelta(days=30))) < timedelta(minutes=1)
+
+
+def token_queries(key, path=RUNS):
+    """The queries one request makes that read tokens or permissions, and its status."""
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(db) as seen:
+        status = client_with(key).get(path).status_code
+    reads = [q["sql"] for q in seen.captured_queries if "knox_authtoken" in q["sql"] or "permission" in q["sql"]]
+    return status, reads
+
+
+def test_a_token_asked_again_within_the_bound_is_answered_from_the_processs_memory():
+    _, key = issue(user_with("view_run"))
+    status, first = token_queries(key)
+    assert status == 200 and first, "the first request reads the token and the permissions"
+    status, again = token_queries(key)
+    assert (status, again) == (200, [])
+
+
+@override_settings(EVENT_TOKEN_AUTH_MEMORY_S=0)
+def test_with_no_memory_every_request_reads_the_token_again():
+    _, key = issue(user_with("view_run"))
+    token_queries(key)
+    status, again = token_queries(key)
+    assert status == 200 and again
+
+
+def test_a_token_revoked_in_this_process_is_refused_at_once():
+    row, key = issue(user_with("view_run"))
+    assert client_with(key).get(RUNS).status_code == 200
+    row.delete()
+    assert client_with(key).get(RUNS).status_code == 401
+
+
+def test_a_permission_taken_away_in_this_process_holds_at_once():
+    from django.contrib.auth.models import Permission
+
+    user = user_with("view_run")
+    _, key = issue(user)
+    assert client_with(key).get(RUNS).status_code == 200
+    user.user_permissions.remove(Permission.objects.get(codename="view_run"))
+    assert client_with(key).get(RUNS).status_code == 403
+
+
+def test_a_token_revoked_by_another_process_is_refused_once_the_bound_has_passed(monkeypatch):
+    import time as real_time
+    from types import SimpleNamespace
+
+    from cleanup.api import tokens
+
+    _, key = issue(user_with("view_run"))
+    assert client_with(key).get(RUNS).status_code == 200
+    # Another process deletes the token: no signal reaches this one.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM knox_authtoken")
+    assert client_with(key).get(RUNS).status_code == 200, "remembered, within the bound"
+    later = real_time.monotonic() + 6  # EVENT_TOKEN_AUTH_MEMORY_S is 5
+    monkeypatch.setattr(tokens, "time", SimpleNamespace(time=real_time.time, monotonic=lambda: later))
+    assert client_with(key).get(RUNS).status_code == 401
+
+
+def test_a_counters_cache_that_fails_lets_valid_tokens_in_and_still_refuses_wrong_ones(monkeypatch):
+    from cleanup import limits
+
+    class Broken:
+        def get_many(self, *args, **kwargs):
+            raise ConnectionError("redis is not answering")
+
+        set_many = get_many
+
+    _, key = issue(user_with("view_run"))
+    monkeypatch.setattr(limits, "counters", Broken)
+    assert client_with(key).get(RUNS).status_code == 200
+    assert client_with("f" * 64).get(RUNS).status_code == 401

@@ -3,6 +3,7 @@
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
+import importlib
 import json
 from typing import Any
 
@@ -27,6 +28,20 @@ def _value(text: str) -> Any:
         return text
 
 
+def _factory(path: str) -> Any:
+    """The callable ``--refuse module.path:name`` names."""
+    module_path, sep, name = path.partition(":")
+    if not sep or not module_path or not name:
+        raise CommandError(f"--refuse {path!r}: give MODULE:FACTORY, such as mygame.kit:refuse")
+    try:
+        found = getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(f"--refuse {path!r} cannot be loaded: {exc}") from None
+    if not callable(found):
+        raise CommandError(f"--refuse {path!r} is not callable")
+    return found
+
+
 class Command(EventCommand):
     help = "Check that an action or a lease keeps the module contract, against its real backend."
 
@@ -46,6 +61,16 @@ class Command(EventCommand):
             action="store_true",
             help="skip the checks that refuse the network to see failures answered as retryable",
         )
+        parser.add_argument(
+            "--silent",
+            action="store_true",
+            help="simulate the outage as silence (requests dropped, answers never come) instead of a refusal",
+        )
+        parser.add_argument(
+            "--refuse",
+            metavar="MODULE:FACTORY",
+            help="a context manager factory taking refs, during which the backend refuses to give those back",
+        )
 
     def handle(
         self,
@@ -56,10 +81,13 @@ class Command(EventCommand):
         value: str | None = None,
         other_value: str | None = None,
         no_outage: bool = False,
+        silent: bool = False,
+        refuse: str | None = None,
         backend: str | None = None,
         **options: Any,
     ) -> None:
-        outage = None if no_outage else testing.network_down
+        outage = None if no_outage else testing.network_silent if silent else testing.network_down
+        refusal = _factory(refuse) if refuse else None
         if backend is not None and not calls.backend_name_ok(backend):
             raise CommandError(
                 f"--backend {backend!r}: a backend's name is text of at most 100 characters, without '/'"
@@ -69,10 +97,12 @@ class Command(EventCommand):
             parsed = _json(params, "--params") if params is not None else {}
             if not isinstance(parsed, dict):
                 raise CommandError("--params must be a JSON object")
-            report = testing.run_action_checks(action, parsed, outage=outage, backend=backend)
+            report = testing.run_action_checks(action, parsed, outage=outage, backend=backend, refuse=refusal)
         elif lease is not None:
             if target is None or value is None:
                 raise CommandError(f"{id} is a lease: give --target and --value")
+            if refusal is not None:
+                raise CommandError("--refuse is for an action: a lease has nothing to refuse to give back")
             other = _value(other_value) if other_value is not None else None
             report = testing.run_lease_checks(lease, target, _value(value), other=other, outage=outage, backend=backend)
         else:

@@ -1,5 +1,7 @@
 """``manage.py reconcile [--module NAME] [--restarted]``: ask modules what is in force (`cleanup.reconcile`).
 
+As after a restart, it pays the reconcile each backend it covers owes (`reconcile.reconcile`).
+
 May import: the engine's entry points and the models: the work is theirs, not the command's.
 """
 
@@ -8,7 +10,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management.base import EventCommand, plain_text
-from cleanup.reconcile import UnknownModule, reconcile_all, reconcile_module
+from cleanup.reconcile import UnknownModule, reconcile, reconcile_all
 
 
 class Command(EventCommand):
@@ -25,7 +27,7 @@ class Command(EventCommand):
     def handle(self, *args: Any, module: str | None = None, restarted: bool = False, **options: Any) -> None:
         if module is not None:
             try:
-                summary = reconcile_module(module, restarted=restarted)
+                summary = reconcile(module, restarted=restarted)
             except UnknownModule as exc:
                 raise CommandError(str(exc)) from None
             self.stdout.write(summary.line(module))

@@ -14,6 +14,16 @@
  *     by cell, keyed by the row's checkbox (or its first link), leaving the checkboxes
  *     alone so a selection survives; rows gone from the list are marked, rows new to it
  *     are counted with a link to see them.
+ * When is it read again: when something happens. The page follows the change feed's event
+ * stream (data-live-feed, else the API's /api/v1/events/changes/, as Server-Sent Events)
+ * and reads the fragment a moment after each change it is told of; once the server has held
+ * the stream open for two periods, the period is only a safety net, six times as long. Where
+ * the stream cannot be had or is not held open (a person without the feed's permissions, a
+ * browser without EventSource, a WSGI server that ends it at once), it reads every period.
+ * A read sends back the tag of the last answer it applied whole (If-None-Match): a fragment
+ * that did not change answers 304 with no body, and nothing is parsed or touched; an open
+ * page nothing changes costs a few hundred bytes a read. A part left alone because the
+ * person was in it is not remembered as read: the next read brings the whole fragment.
  * "Pause" stops the reading (remembered for the session); a hidden tab is not read.
  * No inline script and nothing from another site: the Content-Security-Policy allows it.
  */
@@ -34,6 +44,13 @@
     let failure = '';
     let timer = null;
     let busy = false;
+    const feed = bar.dataset.liveFeed || '/api/v1/events/changes/';
+    let stream = null;
+    let streaming = false;
+    let openedAt = 0;
+    let soon = null;
+    // The tag of the last fragment applied whole, sent back so an unchanged one answers 304.
+    let tag = null;
     // Between a press and its click nothing changes, so the click lands where it was aimed.
     let pointerDown = false;
     document.addEventListener('pointerdown', function () { pointerDown = true; }, true);
@@ -93,12 +110,14 @@
         return link ? 'href:' + link.getAttribute('href') : null;
     }
 
+    // Answers whether every row was brought up to date (none left alone for the person).
     function mergeRows(fresh) {
         const table = document.querySelector(fresh.dataset.liveRows);
         const freshTable = fresh.querySelector(fresh.dataset.liveRows);
         if (!table || !freshTable) {
-            return;
+            return true;
         }
+        let whole = true;
         const incoming = new Map();
         freshTable.querySelectorAll('tbody tr').forEach(function (row) {
             const key = rowKey(row);
@@ -113,6 +132,9 @@
             const update = incoming.get(key);
             row.classList.toggle('live-gone', !update);
             row.title = update ? '' : 'No longer in this list: it changed since the page was loaded';
+            if (update && personIsIn(row)) {
+                whole = false;
+            }
             if (!update || personIsIn(row)) {
                 return;
             }
@@ -139,6 +161,7 @@
             link.textContent = added + (added === 1 ? ' new row' : ' new rows') + ': show them';
             note.appendChild(link);
         }
+        return whole;
     }
 
     // Bring `current` to what `fresh` is, changing only what differs: an element that keeps
@@ -179,11 +202,15 @@
         }
     }
 
+    // Answers whether the whole fragment was applied (no part left alone for the person).
     function apply(html) {
         const doc = new DOMParser().parseFromString(html, 'text/html');
+        let whole = true;
         doc.querySelectorAll('[data-live-part][id]').forEach(function (fresh) {
             const current = document.getElementById(fresh.id);
-            if (current && !personIsIn(current)) {
+            if (current && personIsIn(current)) {
+                whole = false;
+            } else if (current) {
                 morph(current, fresh);
             }
         });
@@ -193,7 +220,10 @@
                 current.textContent = fresh.textContent.trim();
             }
         });
-        doc.querySelectorAll('[data-live-rows]').forEach(mergeRows);
+        doc.querySelectorAll('[data-live-rows]').forEach(function (fresh) {
+            whole = mergeRows(fresh) && whole;
+        });
+        return whole;
     }
 
     function read() {
@@ -202,7 +232,13 @@
             return;
         }
         busy = true;
-        fetch(src, {credentials: 'same-origin', headers: {'X-Requested-With': 'XMLHttpRequest'}})
+        const headers = {'X-Requested-With': 'XMLHttpRequest'};
+        if (tag) {
+            headers['If-None-Match'] = tag;
+        }
+        let answerTag = null;
+        // no-store: the tag is this script's, not the browser cache's, so a 304 is seen as one.
+        fetch(src, {credentials: 'same-origin', cache: 'no-store', headers: headers})
             .then(function (response) {
                 if (response.redirected) {
                     // The session ended (idle, or signed out elsewhere): the page itself
@@ -210,16 +246,24 @@
                     window.location.reload();
                     throw new Error('signed out');
                 }
+                if (response.status === 304) {
+                    return null;  // nothing changed since the fragment last applied whole
+                }
                 if (!response.ok) {
                     throw new Error('the server answered ' + response.status);
                 }
+                answerTag = response.headers.get('ETag');
                 return response.text();
             })
             .then(function (html) {
                 if (paused() || pointerDown) {
                     return;  // paused while the answer was on its way: the page stays as the person left it
                 }
-                apply(html);
+                if (html === null) {
+                    bar.dataset.unchanged = String(Number(bar.dataset.unchanged || 0) + 1);
+                } else {
+                    tag = apply(html) ? answerTag : null;
+                }
                 updatedAt = Date.now();
                 failure = '';
                 bar.dataset.updates = String(Number(bar.dataset.updates || 0) + 1);
@@ -236,11 +280,62 @@
 
     function schedule() {
         window.clearTimeout(timer);
-        timer = paused() ? null : window.setTimeout(read, every);
+        timer = paused() ? null : window.setTimeout(read, held() ? every * 6 : every);
+    }
+
+    // The stream counts once the server has held it open a while: a server that sends what
+    // there is and ends it (a WSGI server) leaves the page to its period, as before.
+    function held() {
+        return streaming && stream !== null && stream.readyState === window.EventSource.OPEN &&
+            Date.now() - openedAt > every * 2;
+    }
+
+    // The change feed says when: a read shortly after each change (changes in a burst are
+    // read once), and none while nothing happens.
+    function follow() {
+        if (stream || paused() || !window.EventSource) {
+            return;
+        }
+        stream = new window.EventSource(feed);
+        stream.addEventListener('open', function () {
+            streaming = true;
+            openedAt = Date.now();
+        });
+        stream.addEventListener('change', function () {
+            if (soon === null) {
+                soon = window.setTimeout(function () {
+                    soon = null;
+                    read();
+                }, 250);
+            }
+        });
+        stream.addEventListener('error', function () {
+            streaming = false;
+            if (stream && stream.readyState === window.EventSource.CLOSED) {
+                // Refused (no permission to read the feed): the period alone, as before.
+                stream = null;
+                streaming = false;
+                schedule();
+            }
+        });
+    }
+
+    function unfollow() {
+        if (stream) {
+            stream.close();
+            stream = null;
+        }
+        streaming = false;
     }
 
     toggle.addEventListener('click', function () {
         setPaused(!paused());
+        if (paused()) {
+            unfollow();
+        } else {
+            follow();
+            read();
+        }
     });
     document.addEventListener('visibilitychange', function () {
         if (!document.hidden && !paused()) {
@@ -250,5 +345,6 @@
     bar.hidden = false;
     window.setInterval(show, 1000);
     show();
+    follow();
     schedule();
 }());

@@ -13,6 +13,13 @@
 -- answer is remembered by the request's key for a while, so a request sent again under
 -- its key is answered again instead of acting twice.
 --
+-- The dead-man's switch: the core keeps a session here (op `keepalive`), and a spawn or a
+-- setting changed under it is filed under it, in state.lua, so that a restart forgets
+-- nothing. A session that hears no keepalive for its ttl gives back, by itself, what is
+-- filed under it (creatures removed, forceloads freed, each setting still at the value
+-- set under it put back to its baseline), and remembers what it did for the core's next
+-- keepalive. A restart gives every session a full ttl again: it never gives back early.
+--
 -- Creatures are entities of this mod's own type, each carrying its run, ref and key in
 -- its staticdata, so a map save keeps them and a restart brings them back. Without
 -- players no block stays active, so each spawn forceloads its block (a transient
@@ -53,7 +60,7 @@ end
 
 -- -- state --------------------------------------------------------------------------
 
-local state = { spawns = {}, creatures = {}, forceloads = {} }
+local state = { spawns = {}, creatures = {}, forceloads = {}, sessions = {} }
 
 local function load_state()
 	local f = io.open(STATE, "r")
@@ -67,7 +74,7 @@ local function load_state()
 		minetest.log("error", "[eventsite] " .. STATE .. " is unreadable; starting from an empty record")
 		return
 	end
-	for _, name in ipairs({ "spawns", "creatures", "forceloads" }) do
+	for _, name in ipairs({ "spawns", "creatures", "forceloads", "sessions" }) do
 		state[name] = type(loaded[name]) == "table" and loaded[name] or {}
 	end
 end
@@ -105,6 +112,10 @@ end
 
 load_state()
 prune_state()
+-- The core had no way to reach a server that was not running: a full ttl from now.
+for _, sess in pairs(state.sessions) do
+	sess.renewed = os.time()
+end
 
 -- -- creatures -------------------------------------------------------------------------
 
@@ -289,7 +300,50 @@ local function place(s, key)
 	return true
 end
 
+-- The session a request files under, or nil and why it may not (nil, nil: none named).
+local function session_of(req)
+	if req.session == nil then
+		return nil, nil
+	end
+	local sess = type(req.session) == "string" and state.sessions[req.session]
+	if not sess then
+		return nil, failure("no session " .. tostring(req.session) .. ": arm it with keepalive first", true)
+	end
+	if sess.lapsed then
+		return nil, failure("session " .. req.session .. " lapsed: its switch gave back what it held", true)
+	end
+	return sess, nil
+end
+
+function OPS.keepalive(req)
+	local id, ttl = req.session, req.ttl_s
+	if type(id) ~= "string" or id == "" or #id > 100 then
+		return failure("session must be a non-empty string", false)
+	end
+	if type(ttl) ~= "number" or ttl <= 0 then
+		return failure("ttl_s must be a number of seconds above 0", false)
+	end
+	local sess = state.sessions[id]
+	if sess and sess.lapsed then
+		return { ok = true, session = id, lapsed = sess.lapsed }
+	end
+	if not sess then
+		sess = { keys = {}, settings = {} }
+		state.sessions[id] = sess
+	end
+	sess.ttl_s, sess.renewed = ttl, os.time()
+	save_state()
+	return { ok = true, session = id }
+end
+
 function OPS.spawn(req)
+	local sess, refused = session_of(req)
+	if refused then
+		return refused
+	end
+	if sess and type(req.spawn_key) == "string" and req.spawn_key ~= "" then
+		sess.keys[req.spawn_key] = true -- saved with the spawn's own record below
+	end
 	local key, entity, count, pos = req.spawn_key, req.entity, req.count, position(req.at)
 	if type(key) ~= "string" or key == "" then
 		return failure("a spawn needs its key", false)
@@ -543,8 +597,89 @@ function OPS.setting(req)
 	if req.expected ~= nil and current ~= req.expected then
 		return { ok = false, drifted = true, current = current }
 	end
+	local sess, refused = session_of(req)
+	if refused then
+		return refused
+	end
 	minetest.settings:set(name, tostring(req.value))
+	if sess then
+		local held = sess.settings[name]
+		if not held then
+			sess.settings[name] = { baseline = current, applied = req.value }
+		elseif req.value == held.baseline then
+			sess.settings[name] = nil -- the core put the baseline back itself
+		else
+			held.applied = req.value
+		end
+		save_state()
+	end
 	return { ok = true, value = req.value, previous = current }
+end
+
+-- The switch: give back what a silent session holds, and remember it.
+local function give_back(sess, silent)
+	local given, kept = {}, {}
+	for key in pairs(sess.keys) do
+		local s = state.spawns[key]
+		if s then
+			if s.state ~= "done" then
+				s.state = "revoked" -- nothing more lands under it
+			end
+			s.revoked = os.time()
+			for _, ref in ipairs(s.refs or {}) do
+				local rec = state.creatures[ref]
+				local obj = live(ref)
+				if obj then
+					obj:remove()
+					active[ref] = nil
+					given[#given + 1] = ref
+				elseif rec and not rec.removed and not block_active(rec.pos) then
+					kept[ref] = "its block is not active: it may still be there"
+				end
+				if rec and not rec.removed and not kept[ref] then
+					rec.removed = os.time()
+				end
+			end
+			local fl = s.forceload and state.forceloads[s.forceload]
+			if fl and fl.held then
+				minetest.forceload_free_block(fl.pos, true)
+				fl.held, fl.freed = false, os.time()
+				given[#given + 1] = s.forceload
+			end
+		end
+	end
+	local settings = {}
+	for name, held in pairs(sess.settings) do
+		local current = tonumber(minetest.settings:get(name) or "") or LEASABLE[name]
+		if current == held.applied then
+			minetest.settings:set(name, tostring(held.baseline))
+			settings[name] = held.baseline
+		elseif current == held.baseline then
+			settings[name] = held.baseline
+		else
+			kept["setting:" .. name] = "it is " .. tostring(current) .. ", not the "
+				.. tostring(held.applied) .. " set under the session"
+		end
+	end
+	sess.keys, sess.settings = {}, {}
+	sess.lapsed = { at = os.time(), ttl_s = sess.ttl_s, silent_s = silent, creatures = given,
+		settings = settings, kept = kept }
+	minetest.log("action", "[eventsite] a session went " .. silent .. " s without a keepalive: gave back "
+		.. #given .. " creature(s) and forceload(s)")
+end
+
+local function lapse_due()
+	local now, changed = os.time(), false
+	for _, sess in pairs(state.sessions) do
+		local silent = now - (sess.renewed or now)
+		if not sess.lapsed and sess.ttl_s and silent >= sess.ttl_s then
+			give_back(sess, silent)
+			changed = true
+		end
+	end
+	if changed then
+		save_state()
+	end
 end
 
 -- -- the mailbox -----------------------------------------------------------------------
@@ -656,6 +791,7 @@ local function beat()
 		end
 	end
 	minetest.safe_file_write(HEARTBEAT, minetest.write_json({ boot_id = boot_id, time = now, jobs = #jobs }))
+	lapse_due() -- every second, whether or not the core calls
 end
 
 local since_beat = HEARTBEAT_S

@@ -59,23 +59,33 @@ _WHERE = re.compile(r"\bwhere\b", re.IGNORECASE)
 _STATE = re.compile(r'(?:^|[\s,."])state"?\s*=\s*', re.IGNORECASE)
 
 
+_LEDGER_UPDATE = re.compile(r'\bupdate\s+"?cleanup_resource"?', re.IGNORECASE)
+
+
 def _is_verdict(sql, params):
-    """An UPDATE of ledger rows whose SET moves them to a verdict's state (not a claim's).
+    """An UPDATE of ledger rows whose SET moves them to a verdict's state (not a claim's),
+    alone or as a part of a statement (``WITH w0 AS (UPDATE ...) ...``).
 
     Reads Django's SQL (``"state" = %s``) and hand-written SQL (``state = 'reverted'``,
     ``state = v.state``) alike; a SET that names the claim's state is a claim.
     """
     text = sql.lstrip()
-    if not (text[:6].lower() == "update" and "cleanup_resource" in text):
+    if text[:6].lower() != "update" and text[:4].lower() != "with":
         return False
-    assignments = _WHERE.split(text, 1)[0]
+    return any(_sets_a_verdict(text, found.start(), params) for found in _LEDGER_UPDATE.finditer(text))
+
+
+def _sets_a_verdict(text, start, params):
+    """Does the UPDATE of ledger rows at ``start`` of ``text`` set a verdict's state?"""
+    where = _WHERE.search(text, start)
+    assignments = text[start : where.start() if where else len(text)]
     match = _STATE.search(assignments.split(" SET ", 1)[-1] if " SET " in assignments else assignments)
     if match is None:
         return False
     offset = assignments.find(match.group(0))
     value = assignments[offset + len(match.group(0)) :].lstrip()
     if value.startswith("%s"):
-        index = assignments[:offset].count("%s")
+        index = text[: start + offset].count("%s")
         return isinstance(params, list | tuple) and len(params) > index and params[index] in VERDICT_STATES
     if value.startswith("'"):
         return any(value.startswith(f"'{s}'") for s in VERDICT_STATES)

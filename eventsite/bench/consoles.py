@@ -1,0 +1,436 @@
+"""A thousand consoles waiting at once: the production recipe under consoles that long-poll
+the change feed and follow its event stream, while others read /healthz and the ledger.
+
+    .venv/bin/python -m eventsite.bench.consoles [--polls 1000] [--streams 200] [--workers 2]
+        [--pool 1] [--changes 20] [--every 3] [--port 8400] [--json]
+
+It works in its own database (``BENCH_DATABASE_URL``, else ``eventsite_bench_consoles`` on
+the local PostgreSQL), made afresh and migrated; seeds runs, a ledger and one user and
+token per 10 consoles; starts the README's recipe (gunicorn with uvicorn's workers, and a
+django-q2 cluster so that /healthz is ok) and then, from one asyncio process with raw
+HTTP/1.1 (no client library in the way):
+
+- ``--polls`` consoles, each on its own connection, read ``changes/?after=ID&wait=30``
+  again and again, reading on from the highest id each was answered;
+- ``--streams`` followers hold ``Accept: text/event-stream`` on the same feed;
+- a prober reads ``/healthz`` and a ledger list (``resources/?page_size=50``) in turn,
+  four times a second;
+- a writer, once everyone waits, commits ``--changes`` run log entries ``--every`` seconds
+  apart, each numbered; each console and follower notes when it is told of each.
+
+It samples the site's PostgreSQL connections (those named ``eventsite-web``) every
+0.2 s, and prints the latency from a commit to each console told of it (median, p95, max,
+and how many were told within 1 s), the prober's p95s, the most connections seen, the
+answers by status, and the machine's load.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+APP_NAME = "eventsite-web"
+USERS_PER = 10
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def database_url() -> str:
+    return os.environ.get("BENCH_DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/eventsite_bench_consoles"
+
+
+def fresh_database(url: str) -> None:
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = parts._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def site_env(url: str, pool: int, app_name: str = APP_NAME, **extra: str) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SECURE_", "DJANGO_SETTINGS"))},
+        "DJANGO_SETTINGS_MODULE": "eventsite.settings",
+        "DEBUG": "0",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "DATABASE_URL": url + "?application_name=" + app_name,
+        "DATABASE_POOL_MAX_SIZE": str(pool),
+        "LOG_LEVEL": "WARNING",
+        "Q_WORKERS": "1",
+        **extra,
+    }
+
+
+SEED = """
+import sys
+from django.contrib.auth.models import Permission, User
+from cleanup.api.tokens import issue
+from cleanup.models import Resource, Run, RunStatus
+from cleanup.tasks import ensure_schedule
+ensure_schedule()
+runs = [Run.objects.create(name=f"raid {i}", status=RunStatus.RUNNING) for i in range(20)]
+Resource.objects.bulk_create(
+    [Resource(run=run, module="sandbox", kind="creature", ref=f"orc-{run.pk}-{n}") for run in runs for n in range(50)]
+)
+perms = Permission.objects.filter(
+    content_type__app_label="cleanup", codename__in=["view_runlog", "view_moduleevent", "view_run", "view_resource"]
+)
+for i in range(int(sys.argv[1])):
+    user = User.objects.create_user(f"console{i}", is_staff=True)
+    user.user_permissions.add(*perms)
+    print(issue(user)[1], flush=True)
+print("run", runs[0].pk)
+"""
+
+
+class Http:
+    """One HTTP/1.1 keep-alive connection, as a console holds one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+    async def send(self, path: str, headers: dict[str, str]) -> None:
+        if self.writer is None:
+            await self.open()
+        assert self.writer is not None
+        lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+        self.writer.write("\r\n".join(lines).encode())
+        await self.writer.drain()
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        assert self.reader is not None
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("closed")
+        status = int(status_line.split()[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = (await self.reader.readline()).decode().rstrip("\r\n")
+            if not line:
+                return status, headers
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+
+    async def body(self, headers: dict[str, str]) -> bytes:
+        assert self.reader is not None
+        if "content-length" in headers:
+            return await self.reader.readexactly(int(headers["content-length"]))
+        chunks = []
+        async for chunk in self.chunks():
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def chunks(self):  # type: ignore[no-untyped-def]
+        assert self.reader is not None
+        while True:
+            size = int((await self.reader.readline()).strip(), 16)
+            if size == 0:
+                await self.reader.readline()
+                return
+            data = await self.reader.readexactly(size)
+            await self.reader.readexactly(2)
+            yield data
+
+    async def get(self, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        await self.send(path, headers)
+        status, response_headers = await self.head()
+        return status, response_headers, await self.body(response_headers)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tokens: list[str], run_id: int, url: str) -> None:
+        self.args = args
+        self.tokens = tokens
+        self.run_id = run_id
+        self.url = url
+        self.committed: dict[int, float] = {}
+        self.told: dict[str, list[float]] = {"poll": [], "stream": []}
+        self.seen: dict[tuple[str, int], Counter[int]] = {}
+        self.statuses: Counter[str] = Counter()
+        self.probes: dict[str, list[float]] = {"healthz": [], "ledger": []}
+        self.connections: list[int] = []
+        self.waiting = {"poll": 0, "stream": 0}
+        self.sent = 0
+        self.stop = asyncio.Event()
+        self.errors: Counter[str] = Counter()
+
+    def note(self, who: str, number: int, entry: dict[str, object]) -> None:
+        detail = entry.get("detail")
+        if not isinstance(detail, dict) or "bench" not in detail:
+            return
+        change = int(detail["bench"])
+        seen = self.seen.setdefault((who, number), Counter())
+        seen[change] += 1
+        if seen[change] == 1 and change in self.committed:
+            self.told["poll" if who == "poll" else "stream"].append(time.monotonic() - self.committed[change])
+
+    async def poll(self, number: int, after: int) -> None:
+        token = self.tokens[number // USERS_PER]
+        http = Http(self.args.port)
+        first = True
+        while not self.stop.is_set():
+            try:
+                await http.send(
+                    f"/api/v1/events/changes/?after={after}&wait=30",
+                    {"Authorization": f"Token {token}", "Accept": "application/json"},
+                )
+                if first:
+                    self.sent += 1
+                    first = False
+                status, headers = await http.head()
+                body = await http.body(headers)
+                self.statuses[f"poll {status}"] += 1
+                if status != 200:
+                    await asyncio.sleep(1)
+                    continue
+                for entry in json.loads(body):
+                    self.note("poll", number, entry)
+                    after = max(after, entry["id"])
+            except (ConnectionError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                self.errors[f"poll {type(exc).__name__}"] += 1
+                http.close()
+                await asyncio.sleep(0.5)
+
+    async def follow(self, number: int, after: int) -> None:
+        token = self.tokens[(self.args.polls + number) // USERS_PER % len(self.tokens)]
+        last = after
+        while not self.stop.is_set():
+            http = Http(self.args.port)
+            try:
+                await http.send(
+                    f"/api/v1/events/changes/?after={last}",
+                    {"Authorization": f"Token {token}", "Accept": "text/event-stream"},
+                )
+                status, headers = await http.head()
+                self.statuses[f"stream {status}"] += 1
+                if status != 200:
+                    await http.body(headers)
+                    await asyncio.sleep(1)
+                    continue
+                self.waiting["stream"] += 1
+                buffer = b""
+                try:
+                    async for chunk in http.chunks():
+                        buffer += chunk
+                        while b"\n\n" in buffer:
+                            block, buffer = buffer.split(b"\n\n", 1)
+                            fields = dict(line.split(": ", 1) for line in block.decode().splitlines() if ": " in line)
+                            if fields.get("event") == "change":
+                                self.note("stream", number, json.loads(fields["data"]))
+                                last = int(fields["id"])
+                        if self.stop.is_set():
+                            return
+                finally:
+                    self.waiting["stream"] -= 1
+            except (ConnectionError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                self.errors[f"stream {type(exc).__name__}"] += 1
+                await asyncio.sleep(0.5)
+            finally:
+                http.close()
+
+    async def probe(self) -> None:
+        http = Http(self.args.port)
+        token = self.tokens[-1]
+        while not self.stop.is_set():
+            for name, path in (("healthz", "/healthz"), ("ledger", "/api/v1/events/resources/?page_size=50")):
+                started = time.monotonic()
+                try:
+                    status, _, _ = await http.get(path, {"Authorization": f"Token {token}"})
+                except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+                    self.errors[f"probe {type(exc).__name__}"] += 1
+                    http.close()
+                    continue
+                self.probes[name].append(time.monotonic() - started)
+                self.statuses[f"{name} {status}"] += 1
+                await asyncio.sleep(0.125)
+
+    async def count_connections(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
+                )
+                row = await cursor.fetchone()
+                self.connections.append(row[0] if row else 0)
+                await asyncio.sleep(0.2)
+
+    async def write(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            for change in range(self.args.changes):
+                await conn.execute(
+                    "INSERT INTO cleanup_runlog (run_id, kind, at, detail) VALUES (%s, 'run.started', now(), %s)",
+                    [self.run_id, json.dumps({"bench": change})],
+                )
+                self.committed[change] = time.monotonic()
+                await asyncio.sleep(self.args.every)
+
+    async def main(self, after: int) -> dict[str, object]:
+        tasks = [asyncio.create_task(self.poll(i, after)) for i in range(self.args.polls)]
+        tasks += [asyncio.create_task(self.follow(i, after)) for i in range(self.args.streams)]
+        counting = asyncio.create_task(self.count_connections())
+        # Everyone connects first (the authentication of a thousand requests), then waits.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.waiting["stream"] >= self.args.streams and self.sent >= self.args.polls:
+                break
+            await asyncio.sleep(0.5)
+        # The last long polls sent are checked (token, permissions) and parked meanwhile.
+        await asyncio.sleep(10)
+        probing = asyncio.create_task(self.probe())
+        load_before = os.getloadavg()
+        await self.write()
+        await asyncio.sleep(3)
+        self.stop.set()
+        load_after = os.getloadavg()
+        for task in [*tasks, probing, counting]:
+            task.cancel()
+        await asyncio.gather(*tasks, probing, counting, return_exceptions=True)
+        expected = self.args.changes
+        polls_complete = sum(
+            1 for i in range(self.args.polls) if len(self.seen.get(("poll", i), Counter())) == expected
+        )
+        streams_complete = sum(
+            1 for i in range(self.args.streams) if len(self.seen.get(("stream", i), Counter())) == expected
+        )
+        repeats = sum(c - 1 for seen in self.seen.values() for c in seen.values() if c > 1)
+        result: dict[str, object] = {"changes": expected}
+        for kind, values in self.told.items():
+            result[f"{kind}_told"] = len(values)
+            result[f"{kind}_median_s"] = statistics.median(values) if values else None
+            result[f"{kind}_p95_s"] = percentile(values, 0.95)
+            result[f"{kind}_max_s"] = max(values) if values else None
+            result[f"{kind}_within_1s"] = sum(1 for v in values if v <= 1.0)
+        result.update(
+            {
+                "polls_told_every_change": polls_complete,
+                "streams_told_every_change": streams_complete,
+                "repeats": repeats,
+                "healthz_p95_ms": round(1000 * (percentile(self.probes["healthz"], 0.95) or 0), 1),
+                "ledger_p95_ms": round(1000 * (percentile(self.probes["ledger"], 0.95) or 0), 1),
+                "healthz_median_ms": round(1000 * statistics.median(self.probes["healthz"] or [0]), 1),
+                "ledger_median_ms": round(1000 * statistics.median(self.probes["ledger"] or [0]), 1),
+                "probes": {k: len(v) for k, v in self.probes.items()},
+                "db_connections_max": max(self.connections or [0]),
+                "statuses": dict(self.statuses),
+                "errors": dict(self.errors),
+                "load_before": [round(x, 1) for x in load_before],
+                "load_after": [round(x, 1) for x in load_after],
+            }
+        )
+        return result
+
+
+def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--polls", type=int, default=1000)
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pool", type=int, default=1)
+    parser.add_argument("--changes", type=int, default=20)
+    parser.add_argument("--every", type=float, default=3.0)
+    parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--logs", default="/tmp")
+    args = parser.parse_args()
+
+    url = database_url()
+    fresh_database(url)
+    python = sys.executable
+    env = site_env(url, args.pool)
+    logs = Path(args.logs)
+    subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    users = (args.polls + args.streams) // USERS_PER + 2
+    seeded = subprocess.run(
+        [python, "manage.py", "shell", "-c", SEED.replace("int(sys.argv[1])", str(users))],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    run_id = int(seeded[-1])
+    tokens = [t for t in seeded[:-2] if re.fullmatch(r"[0-9a-f]{64}", t)]
+    assert len(tokens) == users, seeded
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(max(last), 0) FROM cleanup_feedsequence").fetchone()
+        after = int(row[0]) if row else 0
+    gunicorn = [
+        python, "-m", "gunicorn", "eventsite.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker",
+        "--bind", f"127.0.0.1:{args.port}", "--workers", str(args.workers), "--backlog", "4096",
+    ]  # fmt: skip
+    web = start(gunicorn, env, logs / "bench-consoles-web.log")
+    cluster = start(
+        [python, "manage.py", "qcluster"], site_env(url, 1, "eventsite-cluster"), logs / "bench-consoles-cluster.log"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                import httpx
+
+                if httpx.get(f"http://127.0.0.1:{args.port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        bench = Bench(args, tokens, run_id, url)
+        result = asyncio.run(bench.main(after))
+    finally:
+        stop(web)
+        stop(cluster)
+    result["options"] = vars(args)
+    result["machine"] = {"nproc": os.cpu_count()}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
