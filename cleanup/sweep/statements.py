@@ -233,10 +233,20 @@ def claim(
     The runs' locks are held to the statement's end, as a transaction's were: the heads are
     read on the snapshot the statement began with, and the claim takes only rows still
     claimable when it writes them, so a row another sweeper claimed meanwhile is left out.
+
+    No CTE is read again per row of the ledger, whatever the planner's statistics say:
+    the runs locked are one array, read once (``run_id = ANY(ARRAY(SELECT id FROM taken))``,
+    an index condition or a cheap filter), and the chosen groups are two sets the UPDATE
+    looks each row up in (hashed subplans). A join to the CTEs (``run_id IN (SELECT ...)``)
+    was planned, on a ledger whose statistics predate its unresolved rows, as a nested
+    loop that read the CTE again for every unresolved row of the ledger, all the while
+    holding the runs' locks, so that sweepers starting together found every run taken.
     """
     taking_sql, taking_params = _taking(run_ids, now, max_attempts, skip_locked, limit)
     resource, _, _ = names()
-    heads_sql, heads_params = _heads(f"{resource}.run_id IN (SELECT id FROM taken)", [], now, max_attempts)
+    # An InitPlan: computed once, before any row is read.
+    locked = "ARRAY(SELECT id FROM taken)"
+    heads_sql, heads_params = _heads(f"{resource}.run_id = ANY({locked})", [], now, max_attempts)
     down_sql, down_params = in_pairs(("h.module", "h.backend"), down, types=("varchar", "varchar"))
     canary_sql, canary_params = in_pairs(("h.module", "h.backend"), canaries, types=("varchar", "varchar"))
     # lease, step, loose row: the order of kinds within a run (the heads' columns 9 and 3)
@@ -263,8 +273,10 @@ def claim(
             FROM ranked r WHERE r.nth <= %s AND NOT EXISTS (SELECT 1 FROM suspects)
         )"""
     lease = LEASE_KIND
+    # Only rows of the runs locked (`rows.LOCK_ORDER`); of those, the chosen groups' rows,
+    # looked up in two sets hashed once: subqueries under an OR are never made a join.
     where = (
-        f"{resource}.run_id IN (SELECT run_id FROM chosen) AND ("
+        f"{resource}.run_id = ANY({locked}) AND ("
         f"{resource}.id IN (SELECT alone FROM chosen WHERE alone <> 0) OR ("
         f"({resource}.step_id, {resource}.backend) IN (SELECT step_id, backend FROM chosen WHERE alone = 0) "
         f"AND NOT ({resource}.kind = %s)))"
