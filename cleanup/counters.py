@@ -37,7 +37,8 @@ def key_of(name: str, labels: Mapping[str, object]) -> str:
 
 
 # A counter's key and its labels as text, by its name and labels as given: a module call
-# counts the same few counters over and over, so each is made once (`_counter`).
+# counts the same few counters over and over, so each is made once (`_counter`). Only
+# labels that are all text are kept: 1 and True are one key of a dict, not one text.
 _known: dict[tuple[str, tuple[tuple[str, object], ...]], tuple[str, str, dict[str, str]]] = {}
 KNOWN_MAX = 4096
 
@@ -48,11 +49,8 @@ Count = tuple[str, Mapping[str, object] | None, float]
 def _counter(name: str, labels: Mapping[str, object] | None) -> tuple[str, str, dict[str, str]]:
     """A counter's key, its name and its labels as text."""
     given = (name, tuple(labels.items()) if labels else ())
-    try:
-        known = _known.get(given)
-        cached = True
-    except TypeError:  # a label's value that cannot be a dict's key
-        known, cached = None, False
+    cached = all(type(v) is str for _, v in given[1])
+    known = _known.get(given) if cached else None
     if known is None:
         texts = {k: str(v) for k, v in (labels or {}).items()}
         known = (key_of(name, texts), name, texts)

@@ -252,3 +252,14 @@ def test_the_counters_of_calls_made_on_many_threads_add_up(monkeypatch):
     assert pending[counters.key_of("t_count", labels)][2] == 4000
     assert pending[counters.key_of("t_sum", labels)][2] == pytest.approx(80.0)
     counters.forget()
+
+
+def test_a_counter_labelled_true_and_one_keeps_each_label_as_written():
+    counters.forget()
+    counters.add("t_total", {"flag": True})
+    counters.add("t_total", {"flag": 1})
+    counters.add("t_total", {"flag": "1"})
+    pending = counters.pending()
+    assert pending[counters.key_of("t_total", {"flag": "True"})][2] == 1
+    assert pending[counters.key_of("t_total", {"flag": "1"})][2] == 2
+    counters.forget()
