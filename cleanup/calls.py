@@ -211,8 +211,12 @@ class _Metric:
             if self._done:
                 return
             self._done = True
-        counters.add("module_calls_total", {**self.labels, "outcome": outcome})
-        counters.observe("module_call_seconds", self.labels, seconds)
+        counters.add_all(
+            [
+                ("module_calls_total", {**self.labels, "outcome": outcome}, 1.0),
+                *counters.observed("module_call_seconds", self.labels, seconds),
+            ]
+        )
 
 
 def overdue(future: Future[Answer], budget_ms: int, what: str) -> Answer:

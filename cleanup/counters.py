@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import DatabaseError, connection
@@ -36,21 +36,61 @@ def key_of(name: str, labels: Mapping[str, object]) -> str:
     return f"{name}{{{inner}}}"
 
 
+# A counter's key and its labels as text, by its name and labels as given: a module call
+# counts the same few counters over and over, so each is made once (`_counter`). Only
+# labels that are all text are kept: 1 and True are one key of a dict, not one text.
+_known: dict[tuple[str, tuple[tuple[str, object], ...]], tuple[str, str, dict[str, str]]] = {}
+KNOWN_MAX = 4096
+
+# One addition: a counter's name, its labels, the amount.
+Count = tuple[str, Mapping[str, object] | None, float]
+
+
+def _counter(name: str, labels: Mapping[str, object] | None) -> tuple[str, str, dict[str, str]]:
+    """A counter's key, its name and its labels as text."""
+    given = (name, tuple(labels.items()) if labels else ())
+    cached = all(type(v) is str for _, v in given[1])
+    known = _known.get(given) if cached else None
+    if known is None:
+        texts = {k: str(v) for k, v in (labels or {}).items()}
+        known = (key_of(name, texts), name, texts)
+        if cached and len(_known) < KNOWN_MAX:
+            _known[given] = known
+    return known
+
+
 def add(name: str, labels: Mapping[str, object] | None = None, amount: float = 1.0) -> None:
-    labels = {k: str(v) for k, v in (labels or {}).items()}
-    key = key_of(name, labels)
+    add_all(((name, labels, amount),))
+
+
+def add_all(counts: Iterable[Count]) -> None:
+    """Several additions at once, under one hold of the lock (a module call's counter and
+    histogram together)."""
+    made = [(*_counter(name, labels), amount) for name, labels, amount in counts]
     with _lock:
-        entry = _pending[key]
-        entry[0], entry[1] = name, labels
-        entry[2] += amount
+        for key, name, labels, amount in made:
+            entry = _pending[key]
+            entry[0], entry[1] = name, labels
+            entry[2] += amount
+
+
+def observed(name: str, labels: Mapping[str, object], seconds: float) -> list[Count]:
+    """One observation of a histogram, as additions (`add_all`): its bucket (the smallest
+    ``le`` that holds it), sum and count."""
+    le = next((_LE[b] for b in BUCKETS if seconds <= b), "+Inf")
+    return [
+        (f"{name}_bucket", {**labels, "le": le}, 1.0),
+        (f"{name}_sum", labels, seconds),
+        (f"{name}_count", labels, 1.0),
+    ]
+
+
+_LE = {b: str(b) for b in BUCKETS}
 
 
 def observe(name: str, labels: Mapping[str, object], seconds: float) -> None:
-    """One observation of a histogram: its bucket (the smallest ``le`` that holds it), sum and count."""
-    le = next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
-    add(f"{name}_bucket", {**labels, "le": le})
-    add(f"{name}_sum", labels, seconds)
-    add(f"{name}_count", labels)
+    """One observation of a histogram (`observed`)."""
+    add_all(observed(name, labels, seconds))
 
 
 def pending() -> dict[str, tuple[Any, ...]]:

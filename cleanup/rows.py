@@ -44,7 +44,7 @@ from .models import (
     RunStatus,
     Step,
 )
-from .sql import SPECIAL, Statement, column_of, execute_prepared, fetch_prepared, field_of, updating
+from .sql import SPECIAL, Statement, column_of, execute_prepared, fetch_prepared, field_of, shared_values
 
 # -- the states, as sets ------------------------------------------------------------------
 
@@ -636,6 +636,20 @@ def give_back_claim() -> Verdict:
 AttemptRecord = tuple[int, int, int, str, str]
 
 
+# The columns a verdict may write (the transitions above): fixed, so that every batch's
+# verdicts are written by one and the same statement, prepared once (`write_verdicts`).
+VERDICT_COLUMNS = (
+    "state",
+    "last_error",
+    "resolved_at",
+    "next_attempt_at",
+    "retryable",
+    "revert_attempts",
+    "claim_token",
+    "claim_expires_at",
+)
+
+
 def write_verdicts(
     token: uuid.UUID,
     by_step: Mapping[int, Verdict],
@@ -647,41 +661,64 @@ def write_verdicts(
     """Write staged verdicts on the rows ``token`` still holds (rule 9), and the ``attempts``
     of those rows, in one statement; answers the ids of the rows written.
 
-    One UPDATE over arrays for each of: a step's rows but its leases that all take the same
-    values (``by_step``), and single rows (``by_row``); the attempts are inserted only for
-    rows those UPDATEs wrote, so a claim taken over records nothing. The caller locked the
-    rows' runs first (`LOCK_ORDER`); the UPDATEs lock the rows.
+    Each distinct verdict travels once (`sql.shared_values`): a row or a step names it by
+    its number. One UPDATE for a step's rows but its leases that all take the same
+    verdict (``by_step``), one for single rows (``by_row``); the attempts are inserted only
+    for rows those UPDATEs wrote, so a claim taken over records nothing. Whatever the
+    batch's outcomes, the statement is the same. The caller locked the rows' runs first
+    (`LOCK_ORDER`); the UPDATEs lock the rows.
     """
-    taking(LEDGER)
-    held = "r.claim_token = %s AND r.state = %s"
-    reverting = ResourceState.REVERTING.value
-    parts = []
-    for changed, key, where, params in (
-        (by_step, "step", f"{held} AND NOT (r.kind = %s)", [token, reverting, LEASE_KIND]),
-        (by_row, None, held, [token, reverting]),
-    ):
-        if not changed:
-            continue
-        marked = {k: {c: SPECIAL if isinstance(v, _Derived) else v for c, v in vs.items()} for k, vs in changed.items()}
-        parts.append(
-            updating(
-                Resource,
-                marked,
-                where=where,
-                where_params=params,
-                expressions={column: derived.sql for column, derived in _DERIVED.items()},
-                fixed={"updated_at": now},
-                key=key,
-                returning="r.id",
-            )
-        )
-    if not parts:
+    if not by_step and not by_row:
         return set()
-    written = " UNION ALL ".join(f"SELECT id FROM w{i}" for i in range(len(parts)))
-    if attempts:
-        parts.append(_recording(attempts, now, by, written))
-    sql = "WITH " + ", ".join(f"w{i} AS ({part})" for i, (part, _) in enumerate(parts)) + " " + written
-    return {pk for (pk,) in fetch_prepared(sql, [p for _, params in parts for p in params])}
+    taking(LEDGER)
+    verdicts: list[Verdict] = []
+    numbers: dict[int, int] = {}  # a verdict's id() -> its number
+    by_value: dict[tuple[Any, ...], int] = {}
+
+    def number(verdict: Verdict) -> int:
+        """The verdict's number, from 1: the same object, or equal values, the same number."""
+        found = numbers.get(id(verdict))
+        if found is None:
+            key: tuple[Any, ...] = tuple(sorted(verdict.items()))
+            try:
+                found = by_value.get(key)
+            except TypeError:  # a value that cannot be a key: a verdict of its own
+                key = (id(verdict),)
+            if found is None:
+                verdicts.append(verdict)
+                found = by_value[key] = len(verdicts)
+            numbers[id(verdict)] = found
+        return found
+
+    keyed = [(list(changed), [number(v) for v in changed.values()]) for changed in (by_step, by_row)]
+    names = [*VERDICT_COLUMNS, *sorted({c for v in verdicts for c in v} - set(VERDICT_COLUMNS))]
+    marked = [{c: SPECIAL if isinstance(v, _Derived) else v for c, v in verdict.items()} for verdict in verdicts]
+    shared_sql, shared_params, sets = shared_values(
+        Resource, marked, names, {column: derived.sql for column, derived in _DERIVED.items()}
+    )
+    quote = connection.ops.quote_name
+    table = quote(Resource._meta.db_table)
+    updated = quote(column_of(field_of(Resource, "updated_at")))
+    token_param = field_of(Resource, "claim_token").get_db_prep_save(token, connection)
+    # The state is a parameter, not a literal: the partial index of rows being reverted
+    # would then look cheaper to the one plan than reaching the rows by their steps, and
+    # match every row it reads against every step of the batch (20 rows a step: 50,000
+    # comparisons a batch). The keys are materialized, so a plan that reads them again
+    # for each row reads two columns, not the arrays.
+    held = "r.claim_token = %s AND r.state = %s"
+    parts, params = [], list(shared_params)
+    for i, (column, fence) in enumerate((("step_id", f" AND NOT (r.kind = '{LEASE_KIND}')"), ("id", ""))):
+        parts.append(
+            f"k{i} AS MATERIALIZED (SELECT * FROM unnest(%s::bigint[], %s::integer[]) AS k(id, n)), "
+            f"w{i} AS (UPDATE {table} AS r SET {', '.join(sets)}, {updated} = %s "
+            f"FROM k{i} AS k, d "
+            f"WHERE r.{quote(column)} = k.id AND {held}{fence} RETURNING r.id)"
+        )
+        params += [*keyed[i], now, token_param, ResourceState.REVERTING.value]
+    written = "SELECT id FROM w0 UNION ALL SELECT id FROM w1"
+    recording, recording_params = _recording(attempts, now, by, written)
+    sql = f"WITH d AS ({shared_sql}), {', '.join(parts)}, w2 AS ({recording}) {written}"
+    return {pk for (pk,) in fetch_prepared(sql, [*params, *recording_params])}
 
 
 def _recording(attempts: Sequence[AttemptRecord], now: dt.datetime, by: str, written: str) -> Statement:
@@ -695,7 +732,7 @@ def _recording(attempts: Sequence[AttemptRecord], now: dt.datetime, by: str, wri
         f"SELECT a.*, %s::timestamptz, %s FROM unnest({', '.join(f'%s::{t}' for t in types)}) "
         f"AS a(resource_id, run_id, number, outcome, error) WHERE a.resource_id IN ({written})"
     )
-    arrays = [list(values) for values in zip(*attempts, strict=True)]
+    arrays = [list(values) for values in zip(*attempts, strict=True)] or [[] for _ in names]
     return sql, [now, by or "", *arrays]
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field, ForeignKey, Model
+from django.db.models import Field, Model
 
 # What a forked process inherited and must never use nor close (see below); kept referenced,
 # so that no finalizer closes it either.
@@ -192,76 +192,43 @@ def together(statements: Sequence[Statement], last: Statement | None = None) -> 
     return sql, [p for _, params in parts for p in params] + list(last[1])
 
 
-def updating(
+def shared_values(
     model: type[Model],
-    changes: Mapping[Any, Mapping[str, Any]],
-    where: str,
-    where_params: Sequence[Any],
+    values: Sequence[Mapping[str, Any]],
+    names: Sequence[str],
     expressions: Mapping[str, str] | None = None,
-    fixed: Mapping[str, Any] | None = None,
-    key: str | None = None,
-    returning: str = "",
-) -> Statement:
-    """The UPDATE that gives each row its own values, as one statement over arrays.
+) -> tuple[str, list[Any], list[str]]:
+    """Sets of new values written once each and shared by every row that takes one: a row
+    names its set by its number (from 1, in ``values``), so a thousand rows given back
+    alike cost one set of values, not a thousand.
 
-    ``changes`` maps a row's id to ``{field name: value}``; a row leaves the fields it does
-    not name as they are. With ``key`` (a foreign key's name) it maps that key's value
-    instead, and every row with that value takes the values. ``expressions`` maps a field
-    name to SQL used instead of the value when a row names the field with the value
-    ``SPECIAL`` (with ``r`` the row as it was, ``v`` its new values). ``fixed`` sets fields
-    to one value on every matched row. ``where`` (SQL on ``r``) fences the write, e.g. to
-    the rows a claim still holds. ``returning`` (SQL on ``r``) is what the statement answers
-    of each row it changed.
+    Answers a SELECT of one row whose columns are arrays, one element per set (for each
+    field of ``names``: its value, whether the set names the field, and with
+    ``expressions``, whether it names it with ``SPECIAL``); its params; and for an UPDATE
+    ``FROM`` that row as ``d`` and the rows' numbers as ``k.n``, the SET clause of each
+    field of ``names``, which leaves a field the set does not name as it was (with ``r`` the
+    row as it was; an expression's ``{v}`` is the value's place). ``names`` is fixed by the
+    caller, so that the statement is the same whichever sets a write holds.
     """
     expressions = expressions or {}
-    fixed = fixed or {}
-    names = sorted({name for values in changes.values() for name in values})
-    ids = sorted(changes)
-    rows = []
-    for pk in ids:
-        values = changes[pk]
-        row = [pk]
-        for name in names:
-            value = values.get(name, _KEEP)
-            special = value is SPECIAL
-            row += [None if value is _KEEP or special else value, value is not _KEEP and not special, special]
-        rows.append(row)
-    meta, quote = model._meta, connection.ops.quote_name
-    key_field = field_of(model, key) if key else meta.pk
-    assert key_field is not None
-    key_type = (
-        key_field.target_field.db_type(connection)
-        if isinstance(key_field, ForeignKey)
-        else key_field.db_type(connection)
-    )
-    array_names, array_types = ["id"], [f"{key_type}[]"]
-    columns = [[row[0] for row in rows]]
-    sets = []
+    quote = connection.ops.quote_name
+    columns, params, sets = [], [], []
     for i, name in enumerate(names):
         field = field_of(model, name)
         column = quote(column_of(field))
-        columns += [
-            [_plain(field.get_db_prep_save(row[1 + 3 * i], connection)) for row in rows],
-            [row[2 + 3 * i] for row in rows],
-            [row[3 + 3 * i] for row in rows],
+        given = [value.get(name, _KEEP) for value in values]
+        params += [
+            [None if v is _KEEP or v is SPECIAL else _plain(field.get_db_prep_save(v, connection)) for v in given],
+            [v is not _KEEP and v is not SPECIAL for v in given],
         ]
-        array_names += [f"v{i}", f"set{i}", f"special{i}"]
-        array_types += [f"{field.db_type(connection)}[]", "boolean[]", "boolean[]"]
-        derived = f"WHEN v.special{i} THEN {expressions[name].format(v=f'v.v{i}')} " if name in expressions else ""
-        sets.append(f"{column} = CASE {derived}WHEN v.set{i} THEN v.v{i} ELSE r.{column} END")
-    fixed_params = []
-    for name, value in fixed.items():
-        field = field_of(model, name)
-        sets.append(f"{quote(column_of(field))} = %s")
-        fixed_params.append(field.get_db_prep_save(value, connection))
-    sql = (
-        f"UPDATE {quote(meta.db_table)} AS r SET {', '.join(sets)} "
-        f"FROM unnest({', '.join(f'%s::{t}' for t in array_types)}) AS v({', '.join(array_names)}) "
-        f"WHERE r.{quote(column_of(key_field))} = v.id AND {where}"
-    )
-    if returning:
-        sql += f" RETURNING {returning}"
-    return sql, [*fixed_params, *columns, *where_params]
+        columns += [f"%s::{field.db_type(connection)}[] AS v{i}", f"%s::boolean[] AS set{i}"]
+        derived = ""
+        if name in expressions:
+            params.append([v is SPECIAL for v in given])
+            columns.append(f"%s::boolean[] AS special{i}")
+            derived = f"WHEN d.special{i}[k.n] THEN {expressions[name].format(v=f'd.v{i}[k.n]')} "
+        sets.append(f"{column} = CASE {derived}WHEN d.set{i}[k.n] THEN d.v{i}[k.n] ELSE r.{column} END")
+    return f"SELECT {', '.join(columns)}", params, sets
 
 
 def _plain(value: Any) -> Any:

@@ -127,3 +127,52 @@ def test_a_batch_of_every_outcome_is_written_with_the_statements_of_one_group_an
     # Whole groups are written by step, and the group whose answer failed one of its rows
     # by row: one UPDATE more than a batch of one group, however many groups it holds.
     assert len(captured) - (len(marked) - before) <= one + 1
+
+
+class Verdicts:
+    """The verdict statements a block sends (the statement the pass prepares, by its text)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def __call__(self, execute, sql, params, many, context):
+        if f'UPDATE "{Resource._meta.db_table}" AS r SET' in sql:
+            self.sent.append(sql)
+        return execute(sql, params, many, context)
+
+
+def test_every_outcome_of_a_batch_is_written_by_the_statement_of_a_batch_given_back_whole():
+    script = {}
+    registry.register_action(
+        FakeAction(revert=lambda **kw: script.get(kw["resources"][0]["ref"], {"ok": True, "failed": []}))
+    )
+    whole = runs_with(1, 5, rows=2)[0]
+    given_back = Verdicts()
+    with connection.execute_wrapper(given_back):
+        sweep()
+    assert set(states(whole).values()) == {"reverted"}
+    Resource.objects.filter(run=whole).delete()
+    script.update(
+        {
+            "r0-g1-0": {"ok": False, "error": "down"},
+            "r0-g2-0": {"ok": True, "failed": ["r0-g2-0"]},
+            "r0-g3-0": {"ok": False, "drifted": True, "current": 3},
+            "r0-g4-0": {"ok": False, "error": "gone", "retry": False},
+        }
+    )
+    mixed = runs_with(1, 5)[0]
+    every = Verdicts()
+    with connection.execute_wrapper(every):
+        sweep()
+
+    assert {ref: state for ref, state in states(mixed).items() if ref.startswith("r0-")} == {
+        "r0-g0-0": "reverted",
+        "r0-g1-0": "failed",
+        "r0-g2-0": "failed",
+        "r0-g3-0": "drifted",
+        "r0-g4-0": "failed",
+    }
+    # Ten rows given back alike travel as one verdict, five outcomes as five: one statement
+    # text for both, prepared once, whichever verdicts a batch holds.
+    assert len(given_back.sent) == len(every.sent) == 1
+    assert given_back.sent == every.sent

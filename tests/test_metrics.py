@@ -225,3 +225,41 @@ def test_the_dashboard_and_alert_rules_name_only_metrics_the_site_serves(client,
     assert sorted(named - served) == []
     for wanted in ("eventsite_rows_waiting_for_person", "eventsite_backend_up", "eventsite_sweep_passes_total"):
         assert wanted in rules
+
+
+def test_the_counters_of_calls_made_on_many_threads_add_up(monkeypatch):
+    import threading
+
+    counters.forget()
+    labels = {"module": "m", "backend": "", "verb": "revert"}
+
+    def count():
+        for _ in range(500):
+            counters.add_all(
+                [("module_calls_total", {**labels, "outcome": "ok"}, 1.0), *counters.observed("t", labels, 0.02)]
+            )
+
+    threads = [threading.Thread(target=count) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    pending = counters.pending()
+    calls = counters.key_of("module_calls_total", {**labels, "outcome": "ok"})
+    assert pending[calls][:2] == ("module_calls_total", {**labels, "outcome": "ok"})
+    assert pending[calls][2] == 4000
+    assert pending[counters.key_of("t_bucket", {**labels, "le": "0.025"})][2] == 4000
+    assert pending[counters.key_of("t_count", labels)][2] == 4000
+    assert pending[counters.key_of("t_sum", labels)][2] == pytest.approx(80.0)
+    counters.forget()
+
+
+def test_a_counter_labelled_true_and_one_keeps_each_label_as_written():
+    counters.forget()
+    counters.add("t_total", {"flag": True})
+    counters.add("t_total", {"flag": 1})
+    counters.add("t_total", {"flag": "1"})
+    pending = counters.pending()
+    assert pending[counters.key_of("t_total", {"flag": "True"})][2] == 1
+    assert pending[counters.key_of("t_total", {"flag": "1"})][2] == 2
+    counters.forget()

@@ -71,6 +71,19 @@ class _Job:
     budget_ms: int
     what: str
     refs: list[str]
+    paced: bool = False  # its action declares max_rate: it waits for its turn, and is marked alone
+
+
+@dataclass(frozen=True)
+class _Action:
+    """What every revert call of one action shares, read once per `call_groups`: the
+    action, its module, its limit in flight, its budget, whether it is paced."""
+
+    action: Any
+    module: str
+    limit: int
+    budget_ms: int
+    paced: bool
 
 
 def past(deadline: dt.datetime | None) -> bool:
@@ -110,8 +123,9 @@ def call_groups(
     """
     results: list[Called] = []
     jobs: list[_Job] = []
+    actions: dict[str, _Action | None] = {}
     for group in groups:
-        prepared = _revert_job(group)
+        prepared = _revert_job(group, actions)
         if isinstance(prepared, Called):
             results.append(prepared)
         else:
@@ -124,15 +138,37 @@ def _action_of(group: Group) -> str | None:
     return group.action_id or group.rows[0].action or None
 
 
-def _revert_job(group: Group) -> _Job | Called:
+def _action(action_id: str, actions: dict[str, _Action | None]) -> _Action | None:
+    """The registered action ``action_id`` and what its calls share, read once per pass's
+    `call_groups` (``actions``), or None when no module registers it."""
+    if action_id in actions:
+        return actions[action_id]
+    action = registry.get_action(action_id)
+    revert = getattr(action, "revert", None)
+    actions[action_id] = found = (
+        None
+        if action is None
+        else _Action(
+            action,
+            str(action.module),
+            module_limit(action),
+            calls.budget_under_claim(action),
+            callable(revert) and calls.paced(revert),
+        )
+    )
+    return found
+
+
+def _revert_job(group: Group, actions: dict[str, _Action | None] | None = None) -> _Job | Called:
     """The revert call a step's (or a loose row's) group needs, or its verdict when none can be made."""
     action_id = _action_of(group)
     if not action_id:
         return Called(group, Verdict.terminal("nothing records which action created this"))
-    action = registry.get_action(action_id)
-    if action is None:
+    shared = _action(action_id, {} if actions is None else actions)
+    if shared is None:
         error = f'no module registers the action "{action_id}", so its resources cannot be given back'
         return Called(group, Verdict.terminal(error), action_id)
+    action = shared.action
     resources = [
         {"kind": r.kind, "ref": r.ref, "payload": r.payload, "member_key": r.member_key}
         for r in group.rows
@@ -155,14 +191,15 @@ def _revert_job(group: Group) -> _Job | Called:
     key = _idempotency_key(group)
     return _Job(
         group,
-        str(action.module),
+        shared.module,
         group.backend,
-        module_limit(action),
+        shared.limit,
         revert,
         {"run_id": group.run_id, "resources": resources, "idempotency_key": key},
-        calls.budget_under_claim(action),
+        shared.budget_ms,
         action_id,
         [r.ref for r in group.rows if r.kind != STEP_KIND],
+        shared.paced,
     )
 
 
@@ -198,13 +235,14 @@ def _run_concurrently(
     while pending or flight.calls:
         flight.land()
         wave: list[_Job] = []
-        while pending and flight.has_room():
-            job = next((j for j in pending if flight.module_has_room(j)), None)
-            if job is None:
-                break
-            pending.remove(job)
-            flight.reserve(job)
-            wave.append(job)
+        waiting: list[_Job] = []
+        for job in pending:
+            if flight.has_room() and flight.module_has_room(job):
+                flight.reserve(job)
+                wave.append(job)
+            else:
+                waiting.append(job)
+        pending = waiting
         flight.start(wave, token)
         flight.wait()
     return flight.results
@@ -244,8 +282,8 @@ class _Flight:
             return
         # A paced call (its action or lease declares max_rate) waits for its turn first and
         # is marked alone, just before it is made: its attempt is spent by a call made (rule 20).
-        paced = [job for job in wave if calls.paced(job.fn)]
-        self._start_marked([job for job in wave if job not in paced], token)
+        paced = [job for job in wave if job.paced]
+        self._start_marked([job for job in wave if not job.paced] if paced else list(wave), token)
         for job in paced:
             calls.take_turn(job.fn, job.module, job.backend)
             if past(self.deadline):
@@ -270,7 +308,8 @@ class _Flight:
                     backend=job.backend,
                     verb="revert",
                     module=job.module,
-                    turn_taken=turn_taken,
+                    # a call whose action sets no rate has no turn to wait for
+                    turn_taken=turn_taken or not job.paced,
                     **job.kwargs,
                 )
             future.add_done_callback(lambda _f: self.woken.set())

@@ -11,6 +11,7 @@ runner, `manual` and `reconcile`.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -35,10 +36,20 @@ COMPLETED_AFTER = 2**40
 
 
 def lock_runs(run_ids: Iterable[int]) -> dict[int, tuple[bool, str]]:
-    """Lock runs for a status write, in id order; answers ``{id: (auto_cleanup, status)}``."""
+    """Lock runs for a status write, in id order; answers ``{id: (auto_cleanup, status)}``.
+
+    One prepared statement however many runs (`_locking`): every batch sends it."""
     rows.taking(rows.RUNS)
-    rows_ = Run.objects.select_for_update().filter(pk__in=list(run_ids)).order_by("id")
-    return {pk: (auto, status) for pk, auto, status in rows_.values_list("id", "auto_cleanup", "cleanup_status")}
+    return {pk: (auto, status) for pk, auto, status in fetch_prepared(_locking(), [sorted(set(run_ids))])}
+
+
+@functools.cache
+def _locking() -> str:
+    """The statement of `lock_runs`: the runs of an array of ids, locked in id order."""
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(column_of(field_of(Run, name))) for name in ("id", "auto_cleanup", "cleanup_status"))
+    pk = quote(column_of(field_of(Run, "id")))
+    return f"SELECT {columns} FROM {quote(Run._meta.db_table)} WHERE {pk} = ANY(%s::bigint[]) ORDER BY {pk} FOR UPDATE"
 
 
 def write_statuses(
