@@ -237,6 +237,22 @@ def test_the_event_stream_resumes_after_its_last_event_id():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_event_stream_behind_a_backlog_of_many_batches_reads_it_at_once(monkeypatch):
+    """A console resuming from long ago: the backlog, older than the listener's memory, comes
+    a batch after another, not a batch per change (nothing changes here; a wait for one
+    would last the fallback's time, made longer than the follower's patience)."""
+    monkeypatch.setattr(waiting, "FALLBACK_S", 60.0)
+    run = make_run(status=RunStatus.RUNNING)
+    start = position()
+    for n in range(9):
+        RunLog.write(run.pk, "step.performed", position=n)
+    feed.stamp()
+    key = token("view_runlog", "view_moduleevent")
+    events = follow(key, 9, query={"after": start, "limit": 2})  # gives up after 15 s
+    assert [e["detail"]["position"] for _, e in events] == list(range(9))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_event_stream_is_refused_as_the_apis_json_without_the_permissions():
     async def ask():
         asked = {"Authorization": f"Token {key}", "Accept": "text/event-stream"}

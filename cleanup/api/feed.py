@@ -308,6 +308,8 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
     for line in stream_head(plan, seconds):
         yield line
     after = plan.first[-1]["id"] if plan.first else plan.after
+    # A full batch may have more behind it: the next wait reads on at once.
+    full = len(plan.first) >= plan.limit
     found: list[dict[str, Any]] = []
     while True:
         for entry in found:
@@ -316,6 +318,8 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
         left = ends - loop.time()
         if left <= 0:
             return
-        found = await waiting.wait_for_entries(after, plan.limit, plan.run, plan.kinds, min(KEEPALIVE_S, left))
+        wait_s = min(KEEPALIVE_S, left)
+        found = await waiting.wait_for_entries(after, plan.limit, plan.run, plan.kinds, wait_s, looked=not full)
+        full = len(found) >= plan.limit
         if not found:
             yield ": still here\n\n"

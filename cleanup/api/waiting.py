@@ -202,14 +202,17 @@ def hub() -> Hub:
 
 
 async def wait_for_entries(
-    after: int, limit: int, run: int | None, kinds: Collection[str] | None, wait_s: float
+    after: int, limit: int, run: int | None, kinds: Collection[str] | None, wait_s: float, *, looked: bool = True
 ) -> list[dict[str, Any]]:
     """Entries after ``after`` (as `feed.entries_after`) as soon as there are any, or [] when
-    ``wait_s`` has passed; the caller has just read the feed and found nothing."""
+    ``wait_s`` has passed. ``looked``: the caller has just read the feed after ``after`` and
+    found nothing, so a position older than the listener's memory waits for a change before
+    reading it again; a stream that has just sent a full batch has not looked, and reads on
+    at once (a backlog drains a batch at a time, not a batch per change)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     listener = hub()
-    first = True
+    first = looked
     while True:
         left = deadline - loop.time()
         if listener.ready and listener.covers(after):
