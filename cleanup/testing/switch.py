@@ -7,13 +7,13 @@ alone, and the next ``keepalive`` for the session must answer that it lapsed, na
 May import: `calls` and the kit's own modules.
 """
 
-import inspect
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import calls
+from ..deadman import takes_session
 from .report import Caller, Report, describe
 
 # The ttl the kit arms, and how long past it the backend may take to give back.
@@ -33,17 +33,6 @@ class Performs(Protocol):
     def has(self, name: str) -> bool: ...
 
     def in_force(self, resources: Any) -> Any: ...
-
-
-def takes_session(fn: Callable[..., object]) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(
-        (p.name == "session" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) or p.kind == p.VAR_KEYWORD
-        for p in parameters
-    )
 
 
 def check_switch(
