@@ -15,7 +15,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import NoReturn, TypeAlias
 
@@ -36,10 +36,18 @@ def _refuse(*args: object, **kwargs: object) -> NoReturn:
 
 @contextlib.contextmanager
 def network_down() -> Iterator[None]:
+    with _sockets_answering(dict.fromkeys(_PATCHED, _refuse)):
+        yield
+
+
+@contextlib.contextmanager
+def _sockets_answering(methods: Mapping[str, object]) -> Iterator[None]:
+    """Every socket of this process answers with ``methods`` meanwhile (one outage at a time),
+    its own methods put back after."""
     with _lock:
-        saved = {name: socket.socket.__dict__.get(name) for name in _PATCHED}
-        for name in _PATCHED:
-            setattr(socket.socket, name, _refuse)
+        saved = {name: socket.socket.__dict__.get(name) for name in methods}
+        for name, method in methods.items():
+            setattr(socket.socket, name, method)
         try:
             yield
         finally:
@@ -104,16 +112,6 @@ _SILENT = {
 def network_silent() -> Iterator[None]:
     """No socket of this process hears an answer: what is sent is dropped, and each read or
     TCP connect waits out its socket's timeout (at most ``SILENT_WAIT_S``), then times out."""
-    with _lock:
-        saved = {name: socket.socket.__dict__.get(name) for name in _PATCHED}
-        _quiet.clear()
-        for name in _PATCHED:
-            setattr(socket.socket, name, _SILENT[name])
-        try:
-            yield
-        finally:
-            for name, original in saved.items():
-                if original is None:
-                    delattr(socket.socket, name)
-                else:
-                    setattr(socket.socket, name, original)
+    _quiet.clear()
+    with _sockets_answering(_SILENT):
+        yield
