@@ -68,7 +68,15 @@ def per_process() -> str | None:
 class SharedRedisPool:
     """The ``pool_class`` of the counters' Redis cache: `from_url` answers the process's one
     pool for that server and those options, made on first use (redis-py's pool starts
-    afresh in a forked child by itself)."""
+    afresh in a forked child by itself).
+
+    The pool blocks: a thread that finds all `MAX_CONNECTIONS` connections in use waits up
+    to `WAIT_S` for one (the options ``max_connections`` and ``timeout`` say otherwise). A
+    pool that refused at once, as redis-py's default one does past 100, would let a burst
+    of requests through uncounted: every count fails open (see the module's text)."""
+
+    MAX_CONNECTIONS = 50
+    WAIT_S = 2.0
 
     _pools: dict[tuple[str, str], Any] = {}
     _lock = threading.Lock()
@@ -81,7 +89,8 @@ class SharedRedisPool:
         with cls._lock:
             pool = cls._pools.get(key)
             if pool is None:
-                pool = cls._pools[key] = redis.ConnectionPool.from_url(url, **options)
+                options = {"max_connections": cls.MAX_CONNECTIONS, "timeout": cls.WAIT_S, **options}
+                pool = cls._pools[key] = redis.BlockingConnectionPool.from_url(url, **options)
         return pool
 
 

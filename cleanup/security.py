@@ -8,7 +8,7 @@
 - `NoStoreForApi`: every answer under ``/api/`` says ``Cache-Control: no-store``, so no
   browser or proxy keeps a copy of what the API showed.
 
-May import: nothing of the app (Django only); nothing imports it but the ``MIDDLEWARE`` setting
+May import: serving (and Django); nothing imports it but the ``MIDDLEWARE`` setting
 and the app's start-up (`note_login`).
 """
 
@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import logout
 from django.contrib.sessions.backends.base import SessionBase
 from django.http import Http404, HttpRequest, HttpResponseBase
 from django.utils.cache import patch_cache_control
+from django.utils.deprecation import MiddlewareMixin
+
+from .serving import OnTheLoop, has_session_cookie
 
 # C0 controls, DEL, C1 controls and the surrogates (a lone one cannot be encoded).
 BAD_PATH_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -30,7 +32,6 @@ BAD_PATH_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # The session key that holds the time of a session's last request.
 LAST_SEEN = "cleanup_last_seen"
 
-GetResponse = Callable[[HttpRequest], Any]
 View = TypeVar("View", bound=Callable[..., Any])
 
 
@@ -39,49 +40,11 @@ def path_problem(path: str) -> bool:
     return BAD_PATH_CHARACTER.search(path) is not None
 
 
-class Middleware:
-    """A middleware served both ways: called by a synchronous handler (WSGI) or awaited by an
-    asynchronous one (ASGI), so that an async view is never run on a thread of its own.
-    A subclass says what happens before (`before`) and after (`after`) the view; one whose
-    `before` may read the database (the session, the user) says so, and it then runs on the
-    request's thread under ASGI."""
-
-    sync_capable = True
-    async_capable = True
-    reads_database = False
-
-    def __init__(self, get_response: GetResponse) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def before(self, request: HttpRequest) -> HttpResponseBase | None:
-        return None
-
-    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-        return response
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if self.is_async:
-            return self.__acall__(request)
-        response = self.before(request)
-        if response is None:
-            response = self.get_response(request)
-        return self.after(request, response)
-
-    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        response = await sync_to_async(self.before)(request) if self.reads_database else self.before(request)
-        if response is None:
-            response = await self.get_response(request)
-        return self.after(request, response)
-
-
-class RefuseControlCharacterPaths(Middleware):
+class RefuseControlCharacterPaths(OnTheLoop, MiddlewareMixin):
     """A path with a control character or a lone surrogate answers 404 (the site's 404 page,
     JSON under ``/api/``)."""
 
-    def before(self, request: HttpRequest) -> HttpResponseBase | None:
+    def process_request(self, request: HttpRequest) -> HttpResponseBase | None:
         if path_problem(request.path_info) or path_problem(request.path):
             raise Http404("no such page")
         return None
@@ -102,7 +65,7 @@ def refreshes_itself(view: View) -> View:
     return view
 
 
-class IdleSessionTimeout(Middleware):
+class IdleSessionTimeout(OnTheLoop, MiddlewareMixin):
     """Logs out a session idle for longer than ``SESSION_IDLE_TIMEOUT`` seconds (0: never).
 
     Goes after the authentication middleware. Every request of an idle session logs it
@@ -112,7 +75,11 @@ class IdleSessionTimeout(Middleware):
     """
 
     WRITE_EVERY_S = 60
-    reads_database = True
+
+    def needs_thread(self, hook: str, request: HttpRequest, other: object = None) -> bool:
+        # The session, and the user it names, are read from the database only when the
+        # request carries a session's cookie.
+        return bool(getattr(settings, "SESSION_IDLE_TIMEOUT", 0)) and has_session_cookie(request)
 
     def _clock(self, request: HttpRequest) -> tuple[SessionBase, float | None, float] | None:
         """The session and its last activity, when the idle clock applies to this request."""
@@ -124,7 +91,7 @@ class IdleSessionTimeout(Middleware):
         last = session.get(LAST_SEEN)
         return session, (last if isinstance(last, int | float) else None), timeout
 
-    def before(self, request: HttpRequest) -> HttpResponseBase | None:
+    def process_request(self, request: HttpRequest) -> HttpResponseBase | None:
         clock = self._clock(request)
         if clock is not None:
             _session, last, timeout = clock
@@ -149,12 +116,12 @@ class IdleSessionTimeout(Middleware):
         return None
 
 
-class RateLimitHeaders(Middleware):
+class RateLimitHeaders(OnTheLoop, MiddlewareMixin):
     """``RateLimit-Limit``, ``-Remaining``, ``-Reset`` and ``-Policy`` on every answer whose
     request the API's throttle counted (it leaves ``(limit, remaining, reset, window)`` on
     the request as ``cleanup_rate_limit``): a console sees its standing before a 429."""
 
-    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         standing = getattr(request, "cleanup_rate_limit", None)
         if standing is not None:
             limit, remaining, reset, window = standing
@@ -165,10 +132,10 @@ class RateLimitHeaders(Middleware):
         return response
 
 
-class NoStoreForApi(Middleware):
+class NoStoreForApi(OnTheLoop, MiddlewareMixin):
     """``Cache-Control: no-store`` (and ``private``) on every answer under ``/api/``."""
 
-    def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if request.path.startswith("/api/"):
             patch_cache_control(response, no_store=True, private=True)
         return response

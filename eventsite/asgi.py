@@ -1,11 +1,15 @@
 """The site as an ASGI application: what the production recipe serves (README, "Running in
 production": gunicorn with uvicorn's workers). Under it the change feed's waits and event
-streams are coroutines (`cleanup.api.feed.changes`), not workers."""
+streams are coroutines (`cleanup.api.feed.changes`), not workers, and the synchronous
+parts of requests run on the process's few threads (`cleanup.serving.ASGIHandler`)."""
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eventsite.settings")
+django.setup(set_prefix=False)
 
-application = get_asgi_application()
+from cleanup.serving import ASGIHandler  # noqa: E402  (after the settings are read)
+
+application = ASGIHandler()

@@ -144,6 +144,8 @@ for _app in EVENT_MODULES:
 INSTALLED_APPS += [app for app in EVENT_MODULES if app not in INSTALLED_APPS]
 
 MIDDLEWARE = [
+    # Django's and django-csp's middleware are served under ASGI by cleanup.serving's
+    # counterparts (its ASGIHandler builds the chain), whose hooks run on the event loop.
     "django.middleware.security.SecurityMiddleware",
     # A path with a NUL or another control character is a 404 before any view sees it.
     "cleanup.security.RefuseControlCharacterPaths",
@@ -236,6 +238,11 @@ TEMPLATES = [
 WSGI_APPLICATION = "eventsite.wsgi.application"
 # What the production recipe serves (README, "Running in production").
 ASGI_APPLICATION = "eventsite.asgi.application"
+# Threads per ASGI worker process for the synchronous parts of requests (views, sessions):
+# at most this many run at once (cleanup.serving.RequestThreads).
+ASGI_THREADS = env_int("ASGI_THREADS", 8)
+if ASGI_THREADS < 1:
+    raise ImproperlyConfigured(f"ASGI_THREADS={ASGI_THREADS} is below 1")
 
 
 # The app runs on PostgreSQL only (the system check cleanup.E020 refuses any other engine).

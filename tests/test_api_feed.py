@@ -242,6 +242,7 @@ def test_an_event_stream_behind_a_backlog_of_many_batches_reads_it_at_once(monke
     a batch after another, not a batch per change (nothing changes here; a wait for one
     would last the fallback's time, made longer than the follower's patience)."""
     monkeypatch.setattr(waiting, "FALLBACK_S", 60.0)
+    monkeypatch.setattr(waiting, "KEEP", 2)  # the listener holds less than the backlog
     run = make_run(status=RunStatus.RUNNING)
     start = position()
     for n in range(9):
@@ -280,3 +281,65 @@ def test_the_feed_is_narrowed_to_a_run_and_to_kinds(console):
     ]
     refused = console.get(CHANGES, {"kind": "run.exploded"})
     assert refused.status_code == 400 and "kind" in refused.json()["errors"]
+
+
+# -- rendering once, and the listener's memory from its start ------------------------------
+
+
+@pytest.mark.django_db
+def test_an_entry_is_rendered_as_the_serializer_and_the_json_renderer_would_and_once():
+    from rest_framework.renderers import JSONRenderer
+
+    from cleanup.api import feed as api_feed
+
+    run = make_run(status=RunStatus.RUNNING)
+    RunLog.write(run.pk, "run.started", by="ann", note="ünïcode \u2028 line", module="sandbox")
+    module_event("module.down", reason="no answer", backend="north")
+    entries = feed.entries_after(0, 10)
+    assert len(entries) == 2
+    for entry in entries:
+        assert api_feed.change_data(dict(entry)) == api_feed.ChangeSerializer(entry).data
+    expected = JSONRenderer().render(api_feed.ChangeSerializer(entries, many=True).data)
+    assert api_feed.rendered(entries) == expected
+    calls = []
+    original = api_feed.change_data
+    api_feed.change_data = lambda entry: calls.append(entry["id"]) or original(entry)
+    try:
+        assert api_feed.rendered(entries) == expected
+        assert calls == []  # the list again: from what each entry kept
+        fresh = feed.entries_after(0, 10)
+        told = [api_feed.event(entry) for entry in entries]
+        assert [api_feed.event(entry) for entry in entries] == told == [api_feed.event(e) for e in fresh]
+    finally:
+        api_feed.change_data = original
+    # Each event rendered once per entry object: the held ones once, the fresh copies once.
+    assert sorted(calls) == sorted([e["id"] for e in entries] * 2)
+    assert told[0].startswith(f"id: {entries[0]['id']}\nevent: change\ndata: {{")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_holds_the_feeds_last_places_from_its_start(monkeypatch):
+    """A console a little behind when a process starts (listed, then follows) is answered from
+    memory: the listener reads the last `KEEP` places first."""
+    monkeypatch.setattr(waiting, "KEEP", 5)
+    run = make_run(status=RunStatus.RUNNING)
+    for n in range(8):
+        RunLog.write(run.pk, "step.performed", position=n)
+    feed.stamp()
+    last = position()
+    read = []
+    monkeypatch.setattr(waiting, "read_feed", lambda *args: read.append(args) or [])
+
+    async def listen():
+        hub = waiting.hub()
+        async with asyncio.timeout(10):
+            while not hub.ready:
+                await asyncio.sleep(0.01)
+        held = [e["detail"]["position"] for e in hub.entries]
+        behind = await waiting.wait_for_entries(last - 3, 100, None, None, 1)
+        hub.task.cancel()
+        return hub.floor, held, [e["detail"]["position"] for e in behind]
+
+    floor, held, behind = async_to_sync(listen)()
+    assert (floor, held, behind) == (last - 5, [3, 4, 5, 6, 7], [5, 6, 7])
+    assert read == []  # nothing read from the database for it

@@ -7,20 +7,21 @@ every model admin of the site (ours, django-q2's, auth's), and sends the person 
 with a message saying what was wrong. Add it to ``MIDDLEWARE`` after the message
 middleware, as ``cleanup.admin.guards.AdminInputGuard``.
 
-May import validation only; nothing imports it but the ``MIDDLEWARE`` setting.
+May import validation and serving only; nothing imports it but the ``MIDDLEWARE`` setting.
 """
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import Field
 from django.http import HttpRequest, HttpResponseRedirect, QueryDict
+from django.utils.deprecation import MiddlewareMixin
 
 from .. import validation
+from ..serving import OnTheLoop
 
 SELECTED = "_selected_action"  # django.contrib.admin.helpers.ACTION_CHECKBOX_NAME
 
@@ -57,19 +58,11 @@ def _is_integer(field: "Field[Any, Any]") -> bool:
     return field.get_internal_type() in connection.ops.integer_field_ranges
 
 
-class AdminInputGuard:
-    # Its work is `process_view`; it passes each request on as it came, to a synchronous or
-    # an asynchronous handler alike.
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        return self.get_response(request)
+class AdminInputGuard(OnTheLoop, MiddlewareMixin):
+    # Its work is `process_view`, for the admin's model pages; under ASGI every other view
+    # passes on the event loop.
+    def needs_thread(self, hook: str, request: HttpRequest, other: object = None) -> bool:
+        return getattr(other, "model_admin", None) is not None
 
     def process_view(
         self,

@@ -108,10 +108,40 @@ class Wait:
     next_url: str
 
 
-def rendered(entries: list[dict[str, Any]]) -> bytes:
-    data: Any = ChangeSerializer(entries, many=True).data
+# The serializer's fields, bound once: `change_data` is what ``ChangeSerializer(entry).data``
+# is, without the copy of every field a serializer makes each time it is made.
+_FIELDS = ChangeSerializer().fields
+
+
+def change_data(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as `ChangeSerializer` represents it."""
+    return {
+        name: None if entry[name] is None else field.to_representation(entry[name]) for name, field in _FIELDS.items()
+    }
+
+
+def _memo(kind: str, entry: dict[str, Any], render: Any) -> bytes:
+    """The entry rendered as ``kind``, kept in the entry itself: an entry the process's
+    listener holds is rendered once, however many waiting consoles it is told to."""
+    key = f"_rendered_{kind}"
+    found: bytes | None = entry.get(key)
+    if found is None:
+        found = entry[key] = render(change_data(entry))
+    return found
+
+
+def _json(data: dict[str, Any]) -> bytes:
     body: bytes = JSONRenderer().render(data)
     return body
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"id: {data['id']}\nevent: change\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def rendered(entries: list[dict[str, Any]]) -> bytes:
+    """The entries as the API's JSON list (what `JSONRenderer` makes of the serializer's data)."""
+    return b"[" + b",".join(_memo("json", entry, _json) for entry in entries) + b"]"
 
 
 def next_link(url: str, last: int, limit: int) -> str:
@@ -186,7 +216,7 @@ class ChangesView(EventsAPI, APIView):
     filters = ("after", "limit", "wait", "run", "kind")
     content_negotiation_class = JsonWhateverAccepted
 
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> HttpResponseBase:
         params = request.query_params
         stream = getattr(request._request, "event_stream", False)
         resume = last_event_id(request) if stream else None
@@ -202,18 +232,25 @@ class ChangesView(EventsAPI, APIView):
         # A wait's first look is at what the process's listener holds, when it is current (the
         # async view looked before this part began); else at the database.
         remembered = getattr(request._request, "feed_remembered", None)
-        if remembered is not None and (wait or stream) and remembered[0] == (after, limit, run, kinds):
-            found = remembered[1]
-        else:
-            found = feed.entries_after(after, limit, run, kinds)
+        from_memory = remembered is not None and (wait or stream) and remembered[0] == (after, limit, run, kinds)
+        found = (
+            remembered[1] if remembered is not None and from_memory else feed.entries_after(after, limit, run, kinds)
+        )
         url = request.build_absolute_uri(request.path)
         if stream or (wait and not found):
             # Left to `changes` to wait, with no connection held meanwhile.
             feed.release_connection()
-            response = Response(status=200)
-            response.waiting = Wait(after, limit, run, kinds, wait, stream, found, url)  # type: ignore[attr-defined]
-            return response
-        response = Response(ChangeSerializer(found, many=True).data)
+            waits = Response(status=200)
+            waits.waiting = Wait(after, limit, run, kinds, wait, stream, found, url)  # type: ignore[attr-defined]
+            return waits
+        # The listener's entries keep their JSON (a thousand consoles catching up read the same
+        # ones); the database's are rendered for this answer.
+        body = rendered(found) if from_memory else None
+        response: HttpResponseBase = (
+            HttpResponse(body, content_type="application/json")
+            if body is not None
+            else Response([change_data(entry) for entry in found])
+        )
         response["Link"] = next_link(url, found[-1]["id"] if found else after, limit)
         return response
 
@@ -260,10 +297,18 @@ async def changes(request: HttpRequest) -> HttpResponseBase:
     stream = SSE_TYPE in request.headers.get("Accept", "")
     if stream:
         request.event_stream = True  # type: ignore[attr-defined]
+    if isinstance(request, ASGIRequest):
+        # The process listens from the feed's first request on, not from its first wait: the
+        # consoles reading on through a backlog are then answered from memory too.
+        waiting.hub()
     remembered = remembered_first_look(request, stream)
     if remembered is not None:
         request.feed_remembered = remembered  # type: ignore[attr-defined]
-    response = await sync_to_async(_checked)(request)
+    if isinstance(request, ASGIRequest):
+        # On the process's few threads for the feed, not a thread started for this request.
+        response = await sync_to_async(_checked, thread_sensitive=False, executor=waiting.executor())(request)
+    else:  # served by WSGI: on the worker's own thread (a test's transaction is there)
+        response = await sync_to_async(_checked)(request)
     plan: Wait | None = getattr(response, "waiting", None)
     if plan is None:
         return response
@@ -291,8 +336,7 @@ changes.view_initkwargs = {}  # type: ignore[attr-defined]
 
 
 def event(entry: dict[str, Any]) -> str:
-    data: Any = ChangeSerializer(entry).data
-    return f"id: {entry['id']}\nevent: change\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return _memo("event", entry, _event).decode()
 
 
 def stream_head(plan: Wait, seconds: float) -> list[str]:

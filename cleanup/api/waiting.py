@@ -3,26 +3,30 @@
 Each event loop of the site (one per ASGI worker process) has one `Hub`: one PostgreSQL
 connection that ``LISTEN``s on `cleanup.feed.CHANNEL` (every write to either log notifies
 it on commit: migration 0028), and, after each notification, one read of what was placed
-since its last read, kept in memory (the last `KEEP` entries). A waiting request is a
-coroutine parked on the hub's `asyncio.Event`: when a read finds something, every waiter
-wakes and takes what it asked for from memory. However many consoles wait, the feed is
-read once per change per process.
+since its last read, kept in memory (the last `KEEP` entries, read first when it starts).
+A waiting request is a coroutine parked on the hub's `asyncio.Event`: when a read finds
+something, every waiter wakes and takes what it asked for from memory. However many
+consoles wait, the feed is read once per change per process.
 
 While the listening connection is lost (PostgreSQL restarted, a network cut), the hub
 tries again every `RECONNECT_S`, and meanwhile each waiter reads the feed itself every
 `FALLBACK_S`: slower, never deaf. A waiter whose position is older than what the hub keeps
 reads the database too.
 
-`let_go_of_request_thread` ends the thread Django gives each ASGI request for its
-synchronous parts, once they are done, so that a parked request holds no thread either.
+The synchronous parts (a request's checks, a read of the database) run on the process's
+few `executor` threads. `let_go_of_request_thread` ends the thread Django gives an ASGI
+request when a middleware needed one (a session to read), so that a parked request holds
+no thread either.
 May import: `feed` (and Django, asgiref, psycopg).
 """
 
 import asyncio
 import bisect
 import logging
+import threading
 import weakref
 from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -38,8 +42,26 @@ logger = logging.getLogger("cleanup.feed")
 KEEP = 5000
 # Entries read per look at the feed (more are read by the next look, at once).
 READ_BATCH = 1000
+# Threads per process for the feed's synchronous parts (`executor`).
+THREADS = 4
 RECONNECT_S = 1.0
 FALLBACK_S = 1.0
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def executor() -> ThreadPoolExecutor:
+    """The process's threads for the feed's synchronous parts (a request's authentication and
+    checks, a read of the database): `THREADS` of them, however many consoles ask at once.
+    A thousand re-asks after a change queue here, instead of starting a thousand threads
+    that would wait for the pool's few connections."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="feed")
+        return _executor
 
 
 def conninfo() -> str:
@@ -142,6 +164,24 @@ class Hub:
             self._wake()  # waiters read the database themselves until it is back
             await asyncio.sleep(RECONNECT_S)
 
+    async def _read_last(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The first read: the feed's last `KEEP` places, so that a console a little behind
+        (one that listed, then follows; a stream resuming) is answered from memory."""
+        row = await (await conn.execute("SELECT last FROM cleanup_feedsequence WHERE id = 1")).fetchone()
+        last = int(row[0]) if row else 0
+        floor = after = max(0, last - KEEP)
+        entries: list[dict[str, Any]] = []
+        while after < last:
+            cursor = await conn.execute(feed.ENTRIES_SQL, {"after": after, "limit": READ_BATCH})
+            new = [feed.entry_of_row(row) for row in await cursor.fetchall()]
+            if not new:
+                break
+            entries += new
+            after = new[-1]["id"]
+        # Places may skip: what is held is every entry placed after `floor`, fewer than KEEP.
+        self.entries, self.ids = entries, [entry["id"] for entry in entries]
+        self.floor, self.read_to = floor, max(last, after)
+
     async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Place what was committed without a place (as `feed.stamp`), then read what was
         placed since the last read, on the listener's own connection."""
@@ -153,10 +193,9 @@ class Hub:
                 if locked:
                     await conn.execute(feed.STAMP_SQL, {"batch": feed.STAMP_BATCH})
             if not locked:  # the feed's first entries: the site's own stamp makes the sequence
-                await sync_to_async(_closing, thread_sensitive=False)(feed.stamp)
+                await sync_to_async(_closing, thread_sensitive=False, executor=executor())(feed.stamp)
         if self.read_to is None:
-            row = await (await conn.execute("SELECT last FROM cleanup_feedsequence WHERE id = 1")).fetchone()
-            self.floor = self.read_to = int(row[0]) if row else 0
+            await self._read_last(conn)
             self._wake()
             return
         while True:
@@ -222,7 +261,9 @@ async def wait_for_entries(
             pause = left
         else:
             if not first:
-                found = await sync_to_async(read_feed, thread_sensitive=False)(after, limit, run, kinds)
+                found = await sync_to_async(read_feed, thread_sensitive=False, executor=executor())(
+                    after, limit, run, kinds
+                )
                 if found:
                     return found
             if left <= 0:
@@ -241,8 +282,8 @@ def let_go_of_request_thread() -> None:
     """End the thread Django runs this ASGI request's synchronous parts on (its connection
     given back first, by the caller): a later synchronous part starts a new one."""
     context = SyncToAsync.thread_sensitive_context.get(None)
-    if context is None:
-        return
+    if context is None or getattr(context, "_executor", None) is not None:
+        return  # none, or the site's shared threads (cleanup.serving): nothing is held
     executor = SyncToAsync.context_to_thread_executor.pop(context, None)
     if executor is not None:
         executor.shutdown(wait=False)
