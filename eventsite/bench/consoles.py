@@ -15,8 +15,10 @@ HTTP/1.1 (no client library in the way):
 - ``--streams`` followers hold ``Accept: text/event-stream`` on the same feed;
 - a prober reads ``/healthz`` and a ledger list (``resources/?page_size=50``) in turn,
   four times a second;
-- a writer, once everyone waits, commits ``--changes`` run log entries ``--every`` seconds
-  apart, each numbered; each console and follower notes when it is told of each.
+- a writer, once every console has read what the feed held (the site's cluster writes to
+  it meanwhile: a backlog every console reads first, timed apart), commits ``--changes``
+  run log entries ``--every`` seconds apart, each numbered; each console and follower
+  notes when it is told of each.
 
 It samples the site's PostgreSQL connections (those named ``eventsite-web``) every
 0.2 s, and prints the latency from a commit to each console told of it (median, p95, max,
@@ -183,6 +185,8 @@ class Bench:
         self.sent = 0
         self.stop = asyncio.Event()
         self.errors: Counter[str] = Counter()
+        # Where each console has read to: ("poll" or "stream", number) -> the highest id told.
+        self.read_to: dict[tuple[str, int], int] = {}
 
     def note(self, who: str, number: int, entry: dict[str, object]) -> None:
         detail = entry.get("detail")
@@ -216,6 +220,7 @@ class Bench:
                 for entry in json.loads(body):
                     self.note("poll", number, entry)
                     after = max(after, entry["id"])
+                self.read_to["poll", number] = after
             except (ConnectionError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
                 self.errors[f"poll {type(exc).__name__}"] += 1
                 http.close()
@@ -248,6 +253,7 @@ class Bench:
                             if fields.get("event") == "change":
                                 self.note("stream", number, json.loads(fields["data"]))
                                 last = int(fields["id"])
+                                self.read_to["stream", number] = last
                         if self.stop.is_set():
                             return
                 finally:
@@ -284,6 +290,26 @@ class Bench:
                 self.connections.append(row[0] if row else 0)
                 await asyncio.sleep(0.2)
 
+    async def position(self) -> int:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            row = await (await conn.execute("SELECT coalesce(max(last), 0) FROM cleanup_feedsequence")).fetchone()
+            return int(row[0]) if row else 0
+
+    async def caught_up(self, start: int, limit_s: float) -> tuple[int, float | None]:
+        """Wait until every console has read up to where the feed stands (the site and its
+        cluster write to it too: a backlog every console reads first), until it stands
+        still; answers the backlog's size and how long the consoles took to read it."""
+        began = time.monotonic()
+        consoles = [("poll", i) for i in range(self.args.polls)] + [("stream", i) for i in range(self.args.streams)]
+        while time.monotonic() - began < limit_s:
+            standing = await self.position()
+            if all(self.read_to.get(console, start) >= standing for console in consoles):
+                await asyncio.sleep(2)
+                if await self.position() == standing:
+                    return standing - start, time.monotonic() - began - 2
+            await asyncio.sleep(0.5)
+        return await self.position() - start, None
+
     async def write(self) -> None:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
             for change in range(self.args.changes):
@@ -304,8 +330,10 @@ class Bench:
             if self.waiting["stream"] >= self.args.streams and self.sent >= self.args.polls:
                 break
             await asyncio.sleep(0.5)
-        # The last long polls sent are checked (token, permissions) and parked meanwhile.
-        await asyncio.sleep(10)
+        # The last long polls sent are checked (token, permissions) and parked, and every
+        # console reads the backlog; what is measured is how each change is told after that.
+        backlog, caught_up_s = await self.caught_up(after, 180)
+        await asyncio.sleep(3)
         probing = asyncio.create_task(self.probe())
         load_before = os.getloadavg()
         await self.write()
@@ -323,7 +351,7 @@ class Bench:
             1 for i in range(self.args.streams) if len(self.seen.get(("stream", i), Counter())) == expected
         )
         repeats = sum(c - 1 for seen in self.seen.values() for c in seen.values() if c > 1)
-        result: dict[str, object] = {"changes": expected}
+        result: dict[str, object] = {"changes": expected, "backlog": backlog, "backlog_read_s": caught_up_s}
         for kind, values in self.told.items():
             result[f"{kind}_told"] = len(values)
             result[f"{kind}_median_s"] = statistics.median(values) if values else None
