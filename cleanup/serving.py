@@ -23,14 +23,16 @@ stalls the event loop: a thousand re-asks after a change started two thousand th
 Django runs a request's synchronous parts on one thread so that they share its database
 connection; here each part gives back the connection it opened when it ends (unless a
 transaction is open), so any of the threads serves the next part. The threads also bound
-how many synchronous views a process runs at once, as a WSGI worker's threads do.
+how many synchronous views a process runs at once, as a WSGI worker's threads do. A view
+marked with `own_threads` has its requests run on threads of its own (the change feed's).
 May import: nothing of the app (Django, django-csp, asgiref).
 """
 
+import functools
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from asgiref.sync import ThreadSensitiveContext, markcoroutinefunction, sync_to_async
 from csp.middleware import CSPMiddleware as CSPMiddlewareBase
@@ -46,9 +48,11 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware as XFrameOpti
 from django.middleware.common import CommonMiddleware as CommonMiddlewareBase
 from django.middleware.csrf import CsrfViewMiddleware as CsrfViewMiddlewareBase
 from django.middleware.security import SecurityMiddleware as SecurityMiddlewareBase
+from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 REQUEST, VIEW, RESPONSE = "request", "view", "response"
+View = TypeVar("View", bound=Callable[..., Any])
 
 
 def has_session_cookie(request: HttpRequest) -> bool:
@@ -221,12 +225,39 @@ class CounterpartChain:
             base_handler.import_string = original  # type: ignore[assignment]
 
 
+def own_threads(threads: Callable[[], Executor]) -> Callable[[View], View]:
+    """Marks a view whose requests' synchronous parts run on ``threads()`` (a process's
+    `RequestThreads` of its own) instead of `request_threads()`: the change feed's, so
+    that a thousand re-asks after a change do not queue before ``/healthz``."""
+
+    def marked(view: View) -> View:
+        view.serving_threads = threads  # type: ignore[attr-defined]  # a mark on the view function
+        return view
+
+    return marked
+
+
+@functools.lru_cache(maxsize=4096)
+def _threads_of_path(path: str) -> Callable[[], Executor]:
+    try:
+        view = resolve(path).func
+    except Resolver404:
+        return request_threads
+    threads: Callable[[], Executor] = getattr(view, "serving_threads", request_threads)
+    return threads
+
+
+def threads_for(path: str) -> Executor:
+    """The threads a request for ``path`` runs its synchronous parts on (`own_threads`)."""
+    return _threads_of_path(path)()
+
+
 class ASGIHandler(CounterpartChain, ASGIHandlerBase):
     """Django's ASGI handler, with the middleware of `COUNTERPARTS` on the event loop and each
-    request's synchronous parts on `request_threads()`."""
+    request's synchronous parts on `request_threads()` (or its view's `own_threads`)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        async with ThreadSensitiveContext(executor=request_threads()):
+        async with ThreadSensitiveContext(executor=threads_for(scope["path"])):
             await self.handle(scope, receive, send)

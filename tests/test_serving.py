@@ -166,3 +166,97 @@ def test_every_hook_of_a_mixed_middleware_is_awaitable_under_asgi_and_plain_unde
     under_asgi = serving.CsrfViewMiddleware(async_handler)
     assert not asyncio.iscoroutinefunction(under_wsgi.process_view)
     assert asyncio.iscoroutinefunction(under_asgi.process_view)
+
+
+async def through_the_site(path, headers=()):
+    """One request through the site's own ASGI application (`eventsite.asgi`)."""
+    from eventsite.asgi import application
+
+    path, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    sent, asked = [], asyncio.Event()
+
+    async def receive():
+        if not asked.is_set():
+            asked.set()
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    await application(scope, receive, send)
+    return sent[0]["status"]
+
+
+def test_the_feed_runs_on_its_own_threads_and_every_other_view_on_the_sites():
+    from cleanup.api import waiting
+
+    assert serving.threads_for(CHANGES) is waiting.executor()
+    assert serving.threads_for("/healthz") is serving.request_threads()
+    assert serving.threads_for(API + "runs/") is serving.request_threads()
+    assert serving.threads_for("/no/such/page") is serving.request_threads()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sites_handler_starts_no_thread_per_request_and_gives_back_every_connection(monkeypatch):
+    """Django's handler starts two threads per request (one to run it, one to join it); the
+    site's runs every request on its few threads, which give back what they opened."""
+    import threading
+
+    from cleanup.api import waiting
+
+    key = issue(user_with("view_runlog", "view_moduleevent", "view_resource"))[1]
+    token = [(b"authorization", f"Token {key}".encode())]
+    started = []
+    original = threading.Thread.start
+
+    def start(thread):
+        started.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    async def many():
+        started.clear()  # the test's own loop's thread (async_to_sync) aside
+        statuses = []
+        for _ in range(15):
+            statuses.append(await through_the_site("/healthz"))
+            statuses.append(await through_the_site(API + "resources/", token))
+            statuses.append(await through_the_site(CHANGES + "?after=0", token))
+        return statuses
+
+    statuses = async_to_sync(many)()
+    assert set(statuses) <= {200, 503}  # /healthz is 503 with no cluster's tick: it still answered
+    assert statuses.count(200) >= 30
+    assert len(started) <= settings.ASGI_THREADS + waiting.THREADS
+    assert not [name for name in started if "join" in name or name.startswith("ThreadPoolExecutor")]
+    # Every connection the threads opened was given back: the pool holds them all again.
+    assert all(connection.connection is None for connection in _connections_of(serving.request_threads()))
+
+
+def _connections_of(threads):
+    """The database connections each of ``threads``' threads holds now (asked on each)."""
+    from django.db import connections
+
+    def held():
+        return [c for c in connections.all(initialized_only=True) if c.connection is not None]
+
+    found = []
+    futures = [threads.submit(held) for _ in range(threads._max_workers)]
+    for future in futures:
+        found += future.result()
+    return found

@@ -8,7 +8,7 @@ once, gives its connection back, and the wait is then a coroutine parked on the 
 listener (`cleanup.api.waiting`), so a waiting console holds no worker, no thread and no
 connection. The feed itself, one sequence over the run log and the modules' log, is
 `cleanup.feed`.
-May import: the models, `feed`, the API's own modules.
+May import: the models, `feed`, `serving`, the API's own modules.
 """
 
 import asyncio
@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from .. import feed
 from ..models import LogKind, ModuleEventKind
+from ..serving import own_threads
 from . import params, waiting
 from .views import MAX_ID, EventsAPI, errors
 
@@ -291,6 +292,7 @@ def remembered_first_look(
     return None if found is None else ((after, limit, run, kinds), found)
 
 
+@own_threads(waiting.executor)
 async def changes(request: HttpRequest) -> HttpResponseBase:
     """`ChangesView`, with its waits (a long poll, an event stream) parked on the process's
     listener (`waiting`) instead of a worker, a thread or a connection."""
@@ -304,11 +306,8 @@ async def changes(request: HttpRequest) -> HttpResponseBase:
     remembered = remembered_first_look(request, stream)
     if remembered is not None:
         request.feed_remembered = remembered  # type: ignore[attr-defined]
-    if isinstance(request, ASGIRequest):
-        # On the process's few threads for the feed, not a thread started for this request.
-        response = await sync_to_async(_checked, thread_sensitive=False, executor=waiting.executor())(request)
-    else:  # served by WSGI: on the worker's own thread (a test's transaction is there)
-        response = await sync_to_async(_checked)(request)
+    # On the request's threads: the feed's own under the site's handler (`own_threads`).
+    response = await sync_to_async(_checked)(request)
     plan: Wait | None = getattr(response, "waiting", None)
     if plan is None:
         return response

@@ -17,7 +17,7 @@ The synchronous parts (a request's checks, a read of the database) run on the pr
 few `executor` threads. `let_go_of_request_thread` ends the thread Django gives an ASGI
 request when a middleware needed one (a session to read), so that a parked request holds
 no thread either.
-May import: `feed` (and Django, asgiref, psycopg).
+May import: `feed`, `serving` (and Django, asgiref, psycopg).
 """
 
 import asyncio
@@ -26,7 +26,6 @@ import logging
 import threading
 import weakref
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -35,6 +34,7 @@ from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
 from .. import feed
+from ..serving import RequestThreads
 
 logger = logging.getLogger("cleanup.feed")
 
@@ -48,19 +48,18 @@ RECONNECT_S = 1.0
 FALLBACK_S = 1.0
 
 
-_executor: ThreadPoolExecutor | None = None
+_executor: RequestThreads | None = None
 _executor_lock = threading.Lock()
 
 
-def executor() -> ThreadPoolExecutor:
-    """The process's threads for the feed's synchronous parts (a request's authentication and
-    checks, a read of the database): `THREADS` of them, however many consoles ask at once.
-    A thousand re-asks after a change queue here, instead of starting a thousand threads
-    that would wait for the pool's few connections."""
+def executor() -> RequestThreads:
+    """The process's threads for the change feed's requests (their checks, a read of the
+    database; `cleanup.serving.own_threads`): `THREADS` of them, however many consoles ask
+    at once. A thousand re-asks after a change queue here, not in the queue of ``/healthz``."""
     global _executor
     with _executor_lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="feed")
+            _executor = RequestThreads(max_workers=THREADS, thread_name_prefix="feed")
         return _executor
 
 

@@ -292,7 +292,13 @@ class Bench:
 
     async def position(self) -> int:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            row = await (await conn.execute("SELECT coalesce(max(last), 0) FROM cleanup_feedsequence")).fetchone()
+            # The highest place an entry holds (the sequence's own may be past it: places skip).
+            row = await (
+                await conn.execute(
+                    "SELECT greatest((SELECT max(seq) FROM cleanup_runlog),"
+                    " (SELECT max(seq) FROM cleanup_moduleevent), 0)"
+                )
+            ).fetchone()
             return int(row[0]) if row else 0
 
     async def caught_up(self, start: int, limit_s: float) -> tuple[int, float | None]:
