@@ -157,10 +157,9 @@ print("RESULT " + json.dumps({"pools": len({id(p) for p in pools}), "made": len(
 """
 
 
-@pytest.mark.slow
-def test_on_redis_the_counters_use_one_connection_pool_a_process_not_one_a_request():
-    """Eight requests of one worker, each with its own cache object, as under ASGI, share the
-    process's pool and its one connection (each opened a connection of its own before)."""
+def result_on_redis(script, name):
+    """What ``script`` prints after ``RESULT `` (JSON), run in a process of its own with the
+    site's settings, the counters on Redis under a queue name of its own."""
     if not redis_answers():
         pytest.skip("no Redis at 127.0.0.1:6379")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_SETTINGS")}
@@ -169,12 +168,20 @@ def test_on_redis_the_counters_use_one_connection_pool_a_process_not_one_a_reque
         DEBUG="1",
         DATABASE_URL=url_of_the_test_database(),
         REDIS_URL="redis://127.0.0.1:6379/0",
-        Q_NAME=f"pools-{uuid.uuid4().hex[:8]}",
+        Q_NAME=f"{name}-{uuid.uuid4().hex[:8]}",
     )
-    done = subprocess.run([sys.executable, "-c", POOLS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr
-    assert json.loads(lines[-1].removeprefix("RESULT ")) == {"pools": 1, "made": 1, "values": list(range(8))}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.slow
+def test_on_redis_the_counters_use_one_connection_pool_a_process_not_one_a_request():
+    """Eight requests of one worker, each with its own cache object, as under ASGI, share the
+    process's pool and its one connection (each opened a connection of its own before)."""
+    assert result_on_redis(POOLS, "pools") == {"pools": 1, "made": 1, "values": list(range(8))}
 
 
 BURST = """
@@ -182,7 +189,7 @@ import json, threading
 import django
 django.setup()
 from django.core.cache import caches
-start, failures, counted = threading.Barrier(120), [], []
+start, failures = threading.Barrier(120), []
 
 def as_a_request_would(n):
     cache = caches["counters"]
@@ -190,7 +197,7 @@ def as_a_request_would(n):
     try:
         # Holds its connection 0.2 s, as a slow Redis would: 120 at once, for 50 connections.
         cache._cache.get_client(write=True).blpop(["pool-burst-nothing"], timeout=0.2)
-        counted.append(cache.incr("pool-burst", 1))
+        cache.incr("pool-burst", 1)
     except Exception as exc:
         failures.append(type(exc).__name__)
 
@@ -207,22 +214,9 @@ print("RESULT " + json.dumps({"failures": failures, "count": caches["counters"].
 @pytest.mark.slow
 def test_on_redis_a_burst_of_more_requests_than_connections_waits_for_one_and_counts_every_one():
     """120 requests at once against a pool of 50 (`SharedRedisPool.MAX_CONNECTIONS`): each
-    waits for a connection and is counted. (redis-py's default pool refuses past its size at once, and the counters then
-    fail open: a burst went uncounted, throttle and lockout included.)"""
-    if not redis_answers():
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_SETTINGS")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="eventsite.settings",
-        DEBUG="1",
-        DATABASE_URL=url_of_the_test_database(),
-        REDIS_URL="redis://127.0.0.1:6379/0",
-        Q_NAME=f"burst-{uuid.uuid4().hex[:8]}",
-    )
-    done = subprocess.run([sys.executable, "-c", BURST], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr
-    assert json.loads(lines[-1].removeprefix("RESULT ")) == {"failures": [], "count": 120}
+    waits for a connection and is counted. (redis-py's default pool refuses past its size at
+    once, and the counters then fail open: a burst went uncounted, throttle and lockout too.)"""
+    assert result_on_redis(BURST, "burst") == {"failures": [], "count": 120}
 
 
 def test_the_sites_counters_are_on_a_cache_every_process_shares():
