@@ -29,6 +29,7 @@ answers by status, and the machine's load.
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import secrets
@@ -38,7 +39,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -147,7 +150,7 @@ class Http:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def chunks(self):  # type: ignore[no-untyped-def]
+    async def chunks(self) -> AsyncIterator[bytes]:
         assert self.reader is not None
         while True:
             size = int((await self.reader.readline()).strip(), 16)
@@ -169,40 +172,40 @@ class Http:
         self.reader = self.writer = None
 
 
-class Bench:
-    def __init__(self, args: argparse.Namespace, tokens: list[str], run_id: int, url: str) -> None:
+class Consoles:
+    """One load-generating process's share of the consoles: every ``clients``-th long poll
+    and stream, from ``share`` on. It keeps its standing in ``status`` (three numbers:
+    long polls sent once, streams held, the lowest id any of its consoles has read to),
+    and when ``stop`` is set, puts what each console was told, and when, on ``results``."""
+
+    def __init__(self, args: argparse.Namespace, tokens: list[str], share: int, after: int) -> None:
         self.args = args
         self.tokens = tokens
-        self.run_id = run_id
-        self.url = url
-        self.committed: dict[int, float] = {}
-        self.told: dict[str, list[float]] = {"poll": [], "stream": []}
-        self.seen: dict[tuple[str, int], Counter[int]] = {}
+        self.share = share
+        self.after = after
+        self.polls = range(share, args.polls, args.clients)
+        self.streams = range(share, args.streams, args.clients)
+        # (kind, console number) -> change number -> [times told, monotonic time first told]
+        self.seen: dict[tuple[str, int], dict[int, list[float]]] = {}
         self.statuses: Counter[str] = Counter()
-        self.probes: dict[str, list[float]] = {"healthz": [], "ledger": []}
-        self.connections: list[int] = []
-        self.waiting = {"poll": 0, "stream": 0}
-        self.sent = 0
-        self.stop = asyncio.Event()
         self.errors: Counter[str] = Counter()
-        # Where each console has read to: ("poll" or "stream", number) -> the highest id told.
         self.read_to: dict[tuple[str, int], int] = {}
+        self.sent = 0
+        self.held = 0
+        self.stopping = False
 
     def note(self, who: str, number: int, entry: dict[str, object]) -> None:
         detail = entry.get("detail")
         if not isinstance(detail, dict) or "bench" not in detail:
             return
-        change = int(detail["bench"])
-        seen = self.seen.setdefault((who, number), Counter())
-        seen[change] += 1
-        if seen[change] == 1 and change in self.committed:
-            self.told["poll" if who == "poll" else "stream"].append(time.monotonic() - self.committed[change])
+        told = self.seen.setdefault((who, number), {}).setdefault(int(detail["bench"]), [0, time.monotonic()])
+        told[0] += 1
 
-    async def poll(self, number: int, after: int) -> None:
+    async def poll(self, number: int) -> None:
         token = self.tokens[number // USERS_PER]
         http = Http(self.args.port)
-        first = True
-        while not self.stop.is_set():
+        after, first = self.after, True
+        while not self.stopping:
             try:
                 await http.send(
                     f"/api/v1/events/changes/?after={after}&wait=30",
@@ -226,10 +229,10 @@ class Bench:
                 http.close()
                 await asyncio.sleep(0.5)
 
-    async def follow(self, number: int, after: int) -> None:
+    async def follow(self, number: int) -> None:
         token = self.tokens[(self.args.polls + number) // USERS_PER % len(self.tokens)]
-        last = after
-        while not self.stop.is_set():
+        last = self.after
+        while not self.stopping:
             http = Http(self.args.port)
             try:
                 await http.send(
@@ -242,7 +245,7 @@ class Bench:
                     await http.body(headers)
                     await asyncio.sleep(1)
                     continue
-                self.waiting["stream"] += 1
+                self.held += 1
                 buffer = b""
                 try:
                     async for chunk in http.chunks():
@@ -254,31 +257,86 @@ class Bench:
                                 self.note("stream", number, json.loads(fields["data"]))
                                 last = int(fields["id"])
                                 self.read_to["stream", number] = last
-                        if self.stop.is_set():
+                        if self.stopping:
                             return
                 finally:
-                    self.waiting["stream"] -= 1
+                    self.held -= 1
             except (ConnectionError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
                 self.errors[f"stream {type(exc).__name__}"] += 1
                 await asyncio.sleep(0.5)
             finally:
                 http.close()
 
-    async def probe(self) -> None:
-        http = Http(self.args.port)
-        token = self.tokens[-1]
-        while not self.stop.is_set():
-            for name, path in (("healthz", "/healthz"), ("ledger", "/api/v1/events/resources/?page_size=50")):
-                started = time.monotonic()
-                try:
-                    status, _, _ = await http.get(path, {"Authorization": f"Token {token}"})
-                except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
-                    self.errors[f"probe {type(exc).__name__}"] += 1
-                    http.close()
-                    continue
-                self.probes[name].append(time.monotonic() - started)
-                self.statuses[f"{name} {status}"] += 1
-                await asyncio.sleep(0.125)
+    async def main(self, status: Any, stop: Any) -> dict[str, object]:
+        tasks = [asyncio.create_task(self.poll(i)) for i in self.polls]
+        tasks += [asyncio.create_task(self.follow(i)) for i in self.streams]
+        consoles = [("poll", i) for i in self.polls] + [("stream", i) for i in self.streams]
+        while not stop.is_set():
+            status[0], status[1] = self.sent, self.held
+            status[2] = min((self.read_to.get(console, self.after) for console in consoles), default=2**62)
+            await asyncio.sleep(0.2)
+        self.stopping = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return {
+            "seen": [
+                [kind, number, [[c, n, t] for c, (n, t) in told.items()]] for (kind, number), told in self.seen.items()
+            ],
+            "statuses": dict(self.statuses),
+            "errors": dict(self.errors),
+        }
+
+
+def run_consoles(args: argparse.Namespace, tokens: list[str], share: int, after: int, status: Any, stop: Any,
+                 results: Any) -> None:  # fmt: skip
+    results.put(asyncio.run(Consoles(args, tokens, share, after).main(status, stop)))
+
+
+async def probe(port: int, token: str, stop: Any) -> dict[str, list[float]]:
+    """``/healthz`` and a ledger page in turn, four times a second, until ``stop``: each
+    answer's time from the request's first byte to the response's last."""
+    http = Http(port)
+    probes: dict[str, list[float]] = {"healthz": [], "ledger": [], "statuses": [], "errors": []}
+    while not stop.is_set():
+        for name, path in (("healthz", "/healthz"), ("ledger", "/api/v1/events/resources/?page_size=50")):
+            started = time.monotonic()
+            try:
+                status, _, _ = await http.get(path, {"Authorization": f"Token {token}"})
+            except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+                probes["errors"].append(f"probe {type(exc).__name__}")  # type: ignore[arg-type]
+                http.close()
+                continue
+            probes[name].append(time.monotonic() - started)
+            probes["statuses"].append(f"{name} {status}")  # type: ignore[arg-type]
+            await asyncio.sleep(0.125)
+    return probes
+
+
+def run_prober(port: int, token: str, stop: Any, results: Any) -> None:
+    results.put(asyncio.run(probe(port, token, stop)))
+
+
+class Bench:
+    """The conductor: starts ``--clients`` processes of consoles and a prober process of its
+    own (so that neither's latency includes the other's turn on an event loop), waits for
+    the consoles to read the backlog, commits the changes, and gathers what each was told."""
+
+    def __init__(self, args: argparse.Namespace, tokens: list[str], run_id: int, url: str) -> None:
+        self.args = args
+        self.tokens = tokens
+        self.run_id = run_id
+        self.url = url
+        self.committed: dict[int, float] = {}
+        self.connections: list[int] = []
+        self.stop = asyncio.Event()
+        processes = multiprocessing.get_context("fork")
+        self.statuses = [processes.Array("q", 3, lock=False) for _ in range(args.clients)]
+        self.stop_consoles = processes.Event()
+        self.stop_prober = processes.Event()
+        self.results: Any = processes.Queue()
+        self.probe_results: Any = processes.Queue()
+        self.processes = processes
 
     async def count_connections(self) -> None:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
@@ -306,10 +364,9 @@ class Bench:
         cluster write to it too: a backlog every console reads first), until it stands
         still; answers the backlog's size and how long the consoles took to read it."""
         began = time.monotonic()
-        consoles = [("poll", i) for i in range(self.args.polls)] + [("stream", i) for i in range(self.args.streams)]
         while time.monotonic() - began < limit_s:
             standing = await self.position()
-            if all(self.read_to.get(console, start) >= standing for console in consoles):
+            if all(status[2] >= standing for status in self.statuses):
                 await asyncio.sleep(2)
                 if await self.position() == standing:
                     return standing - start, time.monotonic() - began - 2
@@ -326,39 +383,69 @@ class Bench:
                 self.committed[change] = time.monotonic()
                 await asyncio.sleep(self.args.every)
 
+    async def gathered(self, queue: Any, count: int) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(None, queue.get, True, 120) for _ in range(count)]
+
     async def main(self, after: int) -> dict[str, object]:
-        tasks = [asyncio.create_task(self.poll(i, after)) for i in range(self.args.polls)]
-        tasks += [asyncio.create_task(self.follow(i, after)) for i in range(self.args.streams)]
+        args = self.args
+        clients = [
+            self.processes.Process(
+                target=run_consoles,
+                args=(args, self.tokens, share, after, self.statuses[share], self.stop_consoles, self.results),
+            )
+            for share in range(args.clients)
+        ]
+        for client in clients:
+            client.start()
         counting = asyncio.create_task(self.count_connections())
         # Everyone connects first (the authentication of a thousand requests), then waits.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if self.waiting["stream"] >= self.args.streams and self.sent >= self.args.polls:
+            if sum(s[1] for s in self.statuses) >= args.streams and sum(s[0] for s in self.statuses) >= args.polls:
                 break
             await asyncio.sleep(0.5)
         # The last long polls sent are checked (token, permissions) and parked, and every
         # console reads the backlog; what is measured is how each change is told after that.
         backlog, caught_up_s = await self.caught_up(after, 180)
         await asyncio.sleep(3)
-        probing = asyncio.create_task(self.probe())
+        prober = self.processes.Process(
+            target=run_prober, args=(args.port, self.tokens[-1], self.stop_prober, self.probe_results)
+        )
+        prober.start()
         load_before = os.getloadavg()
         await self.write()
         await asyncio.sleep(3)
-        self.stop.set()
         load_after = os.getloadavg()
-        for task in [*tasks, probing, counting]:
-            task.cancel()
-        await asyncio.gather(*tasks, probing, counting, return_exceptions=True)
+        self.stop_prober.set()
+        self.stop_consoles.set()
+        probes = (await self.gathered(self.probe_results, 1))[0]
+        shares = await self.gathered(self.results, args.clients)
+        self.stop.set()
+        await asyncio.gather(counting, return_exceptions=True)
+        for process in [*clients, prober]:
+            process.join(10)
+        return self.summary(shares, probes, backlog, caught_up_s, load_before, load_after)
+
+    def summary(self, shares: list[Any], probes: dict[str, list[Any]], backlog: int, caught_up_s: float | None,
+                load_before: Any, load_after: Any) -> dict[str, object]:  # fmt: skip
         expected = self.args.changes
-        polls_complete = sum(
-            1 for i in range(self.args.polls) if len(self.seen.get(("poll", i), Counter())) == expected
-        )
-        streams_complete = sum(
-            1 for i in range(self.args.streams) if len(self.seen.get(("stream", i), Counter())) == expected
-        )
-        repeats = sum(c - 1 for seen in self.seen.values() for c in seen.values() if c > 1)
+        told: dict[str, list[float]] = {"poll": [], "stream": []}
+        complete: Counter[str] = Counter()
+        repeats = 0
+        statuses: Counter[str] = Counter(probes["statuses"])
+        errors: Counter[str] = Counter(probes["errors"])
+        for share in shares:
+            statuses.update(share["statuses"])
+            errors.update(share["errors"])
+            for kind, _number, changes in share["seen"]:
+                complete[kind] += len(changes) == expected
+                for change, times, first in changes:
+                    repeats += times - 1
+                    if change in self.committed:
+                        told[kind].append(first - self.committed[change])
         result: dict[str, object] = {"changes": expected, "backlog": backlog, "backlog_read_s": caught_up_s}
-        for kind, values in self.told.items():
+        for kind, values in told.items():
             result[f"{kind}_told"] = len(values)
             result[f"{kind}_median_s"] = statistics.median(values) if values else None
             result[f"{kind}_p95_s"] = percentile(values, 0.95)
@@ -366,17 +453,17 @@ class Bench:
             result[f"{kind}_within_1s"] = sum(1 for v in values if v <= 1.0)
         result.update(
             {
-                "polls_told_every_change": polls_complete,
-                "streams_told_every_change": streams_complete,
+                "polls_told_every_change": complete["poll"],
+                "streams_told_every_change": complete["stream"],
                 "repeats": repeats,
-                "healthz_p95_ms": round(1000 * (percentile(self.probes["healthz"], 0.95) or 0), 1),
-                "ledger_p95_ms": round(1000 * (percentile(self.probes["ledger"], 0.95) or 0), 1),
-                "healthz_median_ms": round(1000 * statistics.median(self.probes["healthz"] or [0]), 1),
-                "ledger_median_ms": round(1000 * statistics.median(self.probes["ledger"] or [0]), 1),
-                "probes": {k: len(v) for k, v in self.probes.items()},
+                "healthz_p95_ms": round(1000 * (percentile(probes["healthz"], 0.95) or 0), 1),
+                "ledger_p95_ms": round(1000 * (percentile(probes["ledger"], 0.95) or 0), 1),
+                "healthz_median_ms": round(1000 * statistics.median(probes["healthz"] or [0]), 1),
+                "ledger_median_ms": round(1000 * statistics.median(probes["ledger"] or [0]), 1),
+                "probes": {k: len(probes[k]) for k in ("healthz", "ledger")},
                 "db_connections_max": max(self.connections or [0]),
-                "statuses": dict(self.statuses),
-                "errors": dict(self.errors),
+                "statuses": dict(statuses),
+                "errors": dict(errors),
                 "load_before": [round(x, 1) for x in load_before],
                 "load_after": [round(x, 1) for x in load_after],
             }
@@ -408,6 +495,7 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--every", type=float, default=3.0)
     parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--clients", type=int, default=2, help="processes the consoles are shared among")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--logs", default="/tmp")
     args = parser.parse_args()
