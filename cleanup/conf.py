@@ -253,9 +253,19 @@ SETTINGS = (
         5,
         0,
         60,
-        "how long a process remembers a token it authenticated (its user and permissions) before it asks the "
-        "database again; a revoked token or a changed permission holds at once in the process that made the "
-        "change, within this many seconds in the others; 0 asks every time",
+        "how long a process that does not listen to the change feed remembers a token it authenticated (its "
+        "user and permissions) before it asks the database again; a revoked token or a changed permission "
+        "holds at once in the process that made the change, within this many seconds in such a process; "
+        "0 asks every time, in every process",
+    ),
+    Setting(
+        "EVENT_TOKEN_AUTH_WATCHED_S",
+        60,
+        1,
+        3_600,
+        "the same for a process whose change feed listens (an ASGI worker that served the feed): a token "
+        "revoked, a user saved or a permission changed anywhere on the site empties its memory when "
+        "committed; a change made without Django's signals (SQL) holds within this many seconds",
     ),
     Setting("EVENT_TOKEN_FAILURE_WINDOW_S", 60, 1, DAY_S, "the window `EVENT_TOKEN_FAILURE_LIMIT` counts failures in"),
     Setting(

@@ -27,12 +27,18 @@ token.
 
 A console asking again and again (a long poll's every answer) would cost each time the
 token's lookup, its user's other tokens and the user's permissions: each process remembers
-a token it authenticated, with its user and the user's permissions as read then, for
-``EVENT_TOKEN_AUTH_MEMORY_S`` (5 s; 0 turns it off), keyed by the key's digest. The
-failure counts are still read first, and an expired token is not answered from memory. A
-token revoked, a user saved (a password change, a deactivation) or a permission or group
-changed empties the memory of the process that made the change at once (signals); the
-other processes ask the database again within the bound.
+a token it authenticated, with its user and the user's permissions as read then, keyed by
+the key's digest. The failure counts are still read first, and an expired token is not
+answered from memory. A token revoked or saved, a user saved (a password change, a
+deactivation) or deleted, or a permission or group changed empties the memory of the
+process that made the change at once (signals), and notifies `CHANNEL` on commit. A
+process whose change feed listens (`cleanup.api.waiting`: every ASGI worker that has
+served the feed) hears it on its listening connection and empties its memory too, so it
+may remember for ``EVENT_TOKEN_AUTH_WATCHED_S`` (60 s; a change made with no signal, an
+SQL ``UPDATE``, holds within that); a process that does not listen remembers for
+``EVENT_TOKEN_AUTH_MEMORY_S`` (5 s; 0 turns the memory off). What an authentication read
+is remembered only if nothing was forgotten while it read (`_generation`): a change
+committed meanwhile is not kept for a minute.
 
 May import: conf, limits (and knox, DRF, Django); imported by the API's settings, the
 admin's token page, the ``create_token`` command and the app's start-up.
@@ -48,6 +54,7 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import Group
 from django.core.cache import BaseCache
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 from django.utils import timezone
@@ -68,6 +75,9 @@ logger = logging.getLogger("cleanup.tokens")
 # Knox's tokens are hex (64 characters); a migrated DRF token is hex too (40).
 TOKEN_SHAPE = re.compile(r"[0-9a-f]{16,128}")
 FAILURES_KEY = "cleanup:token-failures:{}"
+# What every process that listens (`cleanup.api.waiting`) hears when a token, a user or a
+# permission changes: empty the memory of authentications.
+CHANNEL = "cleanup_auth"
 
 
 def issue(user: AbstractBaseUser, ttl_days: int | None = None) -> tuple[Any, str]:
@@ -123,19 +133,22 @@ def revoke_on_password_or_deactivation(
 def connect(user_model: type[Model]) -> None:
     pre_save.connect(note_password_or_deactivation, sender=user_model, dispatch_uid="cleanup.tokens.note")
     post_save.connect(revoke_on_password_or_deactivation, sender=user_model, dispatch_uid="cleanup.tokens.revoke")
-    # What the memory of authentications holds goes stale: forget it all.
-    post_save.connect(forget, sender=user_model, dispatch_uid="cleanup.tokens.forget.user")
-    post_delete.connect(forget, sender=user_model, dispatch_uid="cleanup.tokens.forget.user_deleted")
-    post_delete.connect(forget, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token")
-    post_save.connect(forget, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token_saved")
-    post_delete.connect(forget, sender=Group, dispatch_uid="cleanup.tokens.forget.group")
+    # What the memory of authentications holds goes stale: forget it all, here and, on
+    # commit, in every listening process.
+    post_save.connect(changed, sender=user_model, dispatch_uid="cleanup.tokens.forget.user")
+    post_delete.connect(changed, sender=user_model, dispatch_uid="cleanup.tokens.forget.user_deleted")
+    post_delete.connect(changed, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token")
+    post_save.connect(changed, sender=AuthToken, dispatch_uid="cleanup.tokens.forget.token_saved")
+    post_delete.connect(changed, sender=Group, dispatch_uid="cleanup.tokens.forget.group")
     for through in (
         getattr(user_model, "user_permissions", None),
         getattr(user_model, "groups", None),
         Group.permissions,
     ):
         if through is not None:
-            m2m_changed.connect(forget, sender=through.through, dispatch_uid=f"cleanup.tokens.forget.{through.through}")
+            m2m_changed.connect(
+                changed, sender=through.through, dispatch_uid=f"cleanup.tokens.forget.{through.through}"
+            )
 
 
 # A process's memory of the tokens it authenticated lately ---------------------------------
@@ -143,11 +156,46 @@ def connect(user_model: type[Model]) -> None:
 # digest of the key -> (until, by time.monotonic(); user; token row)
 _remembered: dict[str, tuple[float, Any, Any]] = {}
 REMEMBERED_MAX = 10_000
+# Counts the times the memory was emptied: an authentication remembers what it read only if
+# this did not move while it read.
+_generation = 0
+# Listeners of `CHANNEL` running in this process (`watching`).
+_listeners = 0
 
 
 def forget(**kwargs: object) -> None:
     """Empty this process's memory of authentications (a token, a user or a permission changed)."""
+    global _generation
+    _generation += 1
     _remembered.clear()
+
+
+def changed(using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
+    """A signal's handler: forget here, and tell every listening process (delivered on commit;
+    a change rolled back tells nobody)."""
+    forget()
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+
+
+def watching(listening: bool) -> None:
+    """A listener of `CHANNEL` in this process started (True) or lost its connection (False).
+    Either way what is remembered is forgotten: a change told while nobody listened is missed."""
+    global _listeners
+    _listeners = max(0, _listeners + (1 if listening else -1))
+    forget()
+
+
+def memory_s() -> float:
+    """How long an authentication is remembered now: 0 (off), the bound of a process that
+    listens, or that of one that does not (see the module's text)."""
+    seconds: int = setting("EVENT_TOKEN_AUTH_MEMORY_S")
+    if seconds <= 0:
+        return 0
+    if _listeners > 0:
+        watched: int = setting("EVENT_TOKEN_AUTH_WATCHED_S")
+        return watched
+    return seconds
 
 
 def _recalled(digest: str) -> tuple[Any, Any] | None:
@@ -161,7 +209,9 @@ def _recalled(digest: str) -> tuple[Any, Any] | None:
     return user, token
 
 
-def _remember(digest: str, user_and_token: tuple[Any, Any], seconds: float) -> None:
+def _remember(digest: str, user_and_token: tuple[Any, Any], seconds: float, generation: int) -> None:
+    if generation != _generation:
+        return  # forgotten while it was read: what was read may be what changed
     if len(_remembered) >= REMEMBERED_MAX:
         _remembered.clear()
     _remembered[digest] = (time.monotonic() + seconds, *user_and_token)
@@ -220,16 +270,17 @@ class TokenAuthentication(KnoxTokenAuthentication):  # type: ignore[misc]  # kno
             raise self.refused(prefix_failures, limit, window, now)
         if len(address_failures) >= limit and not self.known_prefix(presented):
             raise self.refused(address_failures, limit, window, now)
-        memory_s: int = setting("EVENT_TOKEN_AUTH_MEMORY_S")
-        digest = hash_token(presented) if memory_s > 0 and TOKEN_SHAPE.fullmatch(presented) else None
+        seconds = memory_s()
+        digest = hash_token(presented) if seconds > 0 and TOKEN_SHAPE.fullmatch(presented) else None
         if digest is not None:
             recalled = _recalled(digest)
             if recalled is not None:
                 return recalled
+        generation = _generation
         try:
             user_and_token: tuple[Any, Any] | None = super().authenticate(request)
             if digest is not None and user_and_token is not None:
-                _remember(digest, user_and_token, memory_s)
+                _remember(digest, user_and_token, seconds, generation)
             return user_and_token
         except exceptions.AuthenticationFailed:
             address_failures = [*address_failures, now][-limit:]

@@ -6,7 +6,9 @@ it on commit: migration 0028), and, after each notification, one read of what wa
 since its last read, kept in memory (the last `KEEP` entries, read first when it starts).
 A waiting request is a coroutine parked on the hub's `asyncio.Event`: when a read finds
 something, every waiter wakes and takes what it asked for from memory. However many
-consoles wait, the feed is read once per change per process.
+consoles wait, the feed is read once per change per process. The same connection listens
+on `cleanup.api.tokens.CHANNEL`: a token, a user or a permission changed anywhere on the
+site empties the process's memory of authentications, which may then be kept longer.
 
 While the listening connection is lost (PostgreSQL restarted, a network cut), the hub
 tries again every `RECONNECT_S`, and meanwhile each waiter reads the feed itself every
@@ -17,7 +19,7 @@ The synchronous parts (a request's checks, a read of the database) run on the pr
 few `executor` threads. `let_go_of_request_thread` ends the thread Django gives an ASGI
 request when a middleware needed one (a session to read), so that a parked request holds
 no thread either.
-May import: `feed`, `serving` (and Django, asgiref, psycopg).
+May import: `feed`, `serving`, `tokens` (and Django, asgiref, psycopg).
 """
 
 import asyncio
@@ -35,6 +37,7 @@ from psycopg.conninfo import make_conninfo
 
 from .. import feed
 from ..serving import RequestThreads
+from . import tokens
 
 logger = logging.getLogger("cleanup.feed")
 
@@ -146,22 +149,34 @@ class Hub:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+                watching = False
                 try:
                     await conn.execute(f"LISTEN {feed.CHANNEL}")
-                    self.listening = True
+                    await conn.execute(f"LISTEN {tokens.CHANNEL}")
+                    self.listening = watching = True
+                    tokens.watching(True)
                     while True:
                         await self._read(conn)  # first what was written while nobody listened
                         # One notice at a time: those that come during a read are kept by
-                        # psycopg and answered by the next read.
-                        async for _notice in conn.notifies(stop_after=1):
-                            pass
+                        # psycopg and answered by the next read. A token, a user or a
+                        # permission changed somewhere: forget the authentications.
+                        while await self._notice(conn) == tokens.CHANNEL:
+                            tokens.forget()
                 finally:
                     self.listening = False
+                    if watching:
+                        tokens.watching(False)
                     await conn.close()
             except (psycopg.Error, OSError):
                 logger.warning("the change feed's listener lost its connection; trying again", exc_info=True)
             self._wake()  # waiters read the database themselves until it is back
             await asyncio.sleep(RECONNECT_S)
+
+    async def _notice(self, conn: psycopg.AsyncConnection[Any]) -> str:
+        """The channel of the next notice."""
+        async for notice in conn.notifies(stop_after=1):
+            return notice.channel
+        return feed.CHANNEL
 
     async def _read_last(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The first read: the feed's last `KEEP` places, so that a console a little behind

@@ -293,22 +293,24 @@ def run_consoles(args: argparse.Namespace, tokens: list[str], share: int, after:
     results.put(asyncio.run(Consoles(args, tokens, share, after).main(status, stop)))
 
 
-async def probe(port: int, token: str, stop: Any) -> dict[str, list[float]]:
+async def probe(port: int, token: str, stop: Any) -> dict[str, list[Any]]:
     """``/healthz`` and a ledger page in turn, four times a second, until ``stop``: each
     answer's time from the request's first byte to the response's last."""
     http = Http(port)
-    probes: dict[str, list[float]] = {"healthz": [], "ledger": [], "statuses": [], "errors": []}
+    probes: dict[str, list[Any]] = {"healthz": [], "ledger": [], "statuses": [], "errors": []}
+    probes.update({"healthz_at": [], "ledger_at": []})
     while not stop.is_set():
         for name, path in (("healthz", "/healthz"), ("ledger", "/api/v1/events/resources/?page_size=50")):
             started = time.monotonic()
             try:
                 status, _, _ = await http.get(path, {"Authorization": f"Token {token}"})
             except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
-                probes["errors"].append(f"probe {type(exc).__name__}")  # type: ignore[arg-type]
+                probes["errors"].append(f"probe {type(exc).__name__}")
                 http.close()
                 continue
             probes[name].append(time.monotonic() - started)
-            probes["statuses"].append(f"{name} {status}")  # type: ignore[arg-type]
+            probes[f"{name}_at"].append(started)
+            probes["statuses"].append(f"{name} {status}")
             await asyncio.sleep(0.125)
     return probes
 
@@ -427,6 +429,16 @@ class Bench:
             process.join(10)
         return self.summary(shares, probes, backlog, caught_up_s, load_before, load_after)
 
+    def slow(self, probes: dict[str, list[Any]]) -> list[tuple[str, int, int]]:
+        commits = sorted(self.committed.values())
+        found = []
+        for name in ("healthz", "ledger"):
+            for took, at in zip(probes[name], probes[f"{name}_at"], strict=True):
+                if took > 0.2:
+                    since = max((at - c for c in commits if c <= at), default=-1.0)
+                    found.append((name, round(1000 * took), round(1000 * since)))
+        return found
+
     def summary(self, shares: list[Any], probes: dict[str, list[Any]], backlog: int, caught_up_s: float | None,
                 load_before: Any, load_after: Any) -> dict[str, object]:  # fmt: skip
         expected = self.args.changes
@@ -461,6 +473,8 @@ class Bench:
                 "healthz_median_ms": round(1000 * statistics.median(probes["healthz"] or [0]), 1),
                 "ledger_median_ms": round(1000 * statistics.median(probes["ledger"] or [0]), 1),
                 "probes": {k: len(probes[k]) for k in ("healthz", "ledger")},
+                # Each probe over 200 ms: how long, and how long after the last change it was sent.
+                "slow_probes": self.slow(probes),
                 "db_connections_max": max(self.connections or [0]),
                 "statuses": dict(statuses),
                 "errors": dict(errors),

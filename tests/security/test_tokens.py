@@ -285,3 +285,101 @@ def test_a_counters_cache_that_fails_lets_valid_tokens_in_and_still_refuses_wron
     monkeypatch.setattr(limits, "counters", Broken)
     assert client_with(key).get(RUNS).status_code == 200
     assert client_with("f" * 64).get(RUNS).status_code == 401
+
+
+# The memory of a process that listens: emptied by every change on the site ------------------
+
+
+def notices_of(conn):
+    return [notice.channel for notice in conn.notifies(timeout=0.5)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_of_a_token_a_user_or_a_permission_notifies_every_listening_process_on_commit():
+    import psycopg
+    from django.contrib.auth.models import Permission
+    from django.db import transaction
+
+    from cleanup.api import tokens, waiting
+
+    user = user_with("view_run")
+    row, _ = issue(user)
+    with psycopg.connect(waiting.conninfo(), autocommit=True) as other:
+        other.execute(f"LISTEN {tokens.CHANNEL}")
+        with transaction.atomic():
+            row.delete()
+            assert notices_of(other) == [], "told on commit, not before"
+        assert tokens.CHANNEL in notices_of(other)
+        with transaction.atomic():
+            user.user_permissions.remove(Permission.objects.get(codename="view_run"))
+            transaction.set_rollback(True)
+        assert notices_of(other) == [], "a change rolled back tells nobody"
+        user.is_active = False
+        user.save()
+        assert tokens.CHANNEL in notices_of(other)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_listening_process_remembers_past_the_short_bound_and_forgets_when_another_process_tells_it(
+    monkeypatch,
+):
+    import asyncio
+    import time as real_time
+    from types import SimpleNamespace
+
+    import psycopg
+    from asgiref.sync import async_to_sync, sync_to_async
+
+    from cleanup.api import tokens, waiting
+
+    _, key = issue(user_with("view_run"))
+    assert tokens.memory_s() == 5, "no listener yet: the short bound"
+
+    async def listening():
+        hub = waiting.hub()
+        async with asyncio.timeout(10):
+            while not hub.ready:
+                await asyncio.sleep(0.01)
+        seconds = tokens.memory_s()
+        get = sync_to_async(lambda: client_with(key).get(RUNS).status_code, thread_sensitive=False)
+        statuses = [await get()]
+        # Another process deletes the token, as SQL would (no signal here), then tells.
+        async with await psycopg.AsyncConnection.connect(waiting.conninfo(), autocommit=True) as other:
+            await other.execute("DELETE FROM knox_authtoken")
+            later = real_time.monotonic() + 30  # past EVENT_TOKEN_AUTH_MEMORY_S, within ..._WATCHED_S
+            monkeypatch.setattr(tokens, "time", SimpleNamespace(time=real_time.time, monotonic=lambda: later))
+            statuses.append(await get())  # remembered: nobody told this process yet
+            await other.execute("SELECT pg_notify(%s, '')", [tokens.CHANNEL])
+        async with asyncio.timeout(10):
+            while tokens._remembered:
+                await asyncio.sleep(0.01)
+        statuses.append(await get())
+        hub.task.cancel()
+        await asyncio.gather(hub.task, return_exceptions=True)
+        return seconds, statuses
+
+    seconds, statuses = async_to_sync(listening)()
+    assert seconds == 60
+    assert statuses == [200, 200, 401]
+    assert tokens.memory_s() == 5, "the listener stopped: the short bound again"
+
+
+def test_an_authentication_that_read_while_the_memory_was_emptied_is_not_remembered(monkeypatch):
+    from knox.auth import TokenAuthentication as Knox
+
+    from cleanup.api import tokens
+
+    _, key = issue(user_with("view_run"))
+    original = Knox.authenticate
+
+    def read_then_told(self, request):
+        found = original(self, request)
+        tokens.forget()  # a change committed while the token was read
+        return found
+
+    monkeypatch.setattr(Knox, "authenticate", read_then_told)
+    assert client_with(key).get(RUNS).status_code == 200
+    assert tokens._remembered == {}
+    monkeypatch.setattr(Knox, "authenticate", original)
+    assert client_with(key).get(RUNS).status_code == 200
+    assert len(tokens._remembered) == 1
