@@ -261,6 +261,7 @@ def test_a_token_revoked_by_another_process_is_refused_once_the_bound_has_passed
 
     from cleanup.api import tokens
 
+    monkeypatch.setattr(tokens, "_listeners", 0)  # no change feed listening here (another test's hub)
     _, key = issue(user_with("view_run"))
     assert client_with(key).get(RUNS).status_code == 200
     # Another process deletes the token: no signal reaches this one.
@@ -332,6 +333,7 @@ def test_a_listening_process_remembers_past_the_short_bound_and_forgets_when_ano
 
     from cleanup.api import tokens, waiting
 
+    monkeypatch.setattr(tokens, "_listeners", 0)  # no other test's hub counted
     _, key = issue(user_with("view_run"))
     assert tokens.memory_s() == 5, "no listener yet: the short bound"
 
