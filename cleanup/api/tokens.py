@@ -172,7 +172,10 @@ def forget(**kwargs: object) -> None:
 
 def changed(using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
     """A signal's handler: forget here, and tell every listening process (delivered on commit;
-    a change rolled back tells nobody)."""
+    a change rolled back tells nobody). A login's save of ``last_login`` alone changes
+    nothing an authentication reads, and tells nobody."""
+    if kwargs.get("update_fields") == frozenset({"last_login"}):
+        return
     forget()
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])

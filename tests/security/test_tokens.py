@@ -315,6 +315,10 @@ def test_a_change_of_a_token_a_user_or_a_permission_notifies_every_listening_pro
             user.user_permissions.remove(Permission.objects.get(codename="view_run"))
             transaction.set_rollback(True)
         assert notices_of(other) == [], "a change rolled back tells nobody"
+        from django.contrib.auth.models import update_last_login
+
+        update_last_login(None, user)
+        assert notices_of(other) == [], "a login's last_login changes no authentication"
         user.is_active = False
         user.save()
         assert tokens.CHANNEL in notices_of(other)
