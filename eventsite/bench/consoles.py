@@ -23,7 +23,8 @@ HTTP/1.1 (no client library in the way):
 It samples the site's PostgreSQL connections (those named ``eventsite-web``) every
 0.2 s, and prints the latency from a commit to each console told of it (median, p95, max,
 and how many were told within 1 s), the prober's p95s, the most connections seen, the
-answers by status, and the machine's load.
+answers by status, the machine's load, and the processor time the web server used while
+the changes were told (``site_cpu_percent``: 100 is one core busy throughout).
 """
 
 import argparse
@@ -56,6 +57,32 @@ def percentile(values: list[float], fraction: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def cpu_seconds(root: int) -> float:
+    """The processor time (user and system) used so far by process ``root`` and every
+    process under it that is alive (a gunicorn master and its workers), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # The command may hold spaces and parentheses: the fields follow its last ")".
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid, parent = int(entry), int(fields[1])
+        children.setdefault(parent, []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
 
 
 def database_url() -> str:
@@ -324,14 +351,16 @@ class Bench:
     own (so that neither's latency includes the other's turn on an event loop), waits for
     the consoles to read the backlog, commits the changes, and gathers what each was told."""
 
-    def __init__(self, args: argparse.Namespace, tokens: list[str], run_id: int, url: str) -> None:
+    def __init__(self, args: argparse.Namespace, tokens: list[str], run_id: int, url: str, site: int = 0) -> None:
         self.args = args
+        self.site = site  # the web server's process, whose processor time is measured
         self.tokens = tokens
         self.run_id = run_id
         self.url = url
         self.committed: dict[int, float] = {}
         self.connections: list[int] = []
         self.stop = asyncio.Event()
+        self.site_cpu = (0.0, 1.0)
         processes = multiprocessing.get_context("fork")
         self.statuses = [processes.Array("q", 3, lock=False) for _ in range(args.clients)]
         self.stop_consoles = processes.Event()
@@ -416,9 +445,11 @@ class Bench:
         )
         prober.start()
         load_before = os.getloadavg()
+        cpu_before, began = cpu_seconds(self.site), time.monotonic()
         await self.write()
         await asyncio.sleep(3)
         load_after = os.getloadavg()
+        self.site_cpu = (cpu_seconds(self.site) - cpu_before, time.monotonic() - began)
         self.stop_prober.set()
         self.stop_consoles.set()
         probes = (await self.gathered(self.probe_results, 1))[0]
@@ -435,7 +466,8 @@ class Bench:
         for name in ("healthz", "ledger"):
             for took, at in zip(probes[name], probes[f"{name}_at"], strict=True):
                 if took > 0.2:
-                    since = max((at - c for c in commits if c <= at), default=-1.0)
+                    # After the last change committed before it was sent (-1: before the first).
+                    since = min((at - c for c in commits if c <= at), default=-1.0)
                     found.append((name, round(1000 * took), round(1000 * since)))
         return found
 
@@ -480,6 +512,9 @@ class Bench:
                 "errors": dict(errors),
                 "load_before": [round(x, 1) for x in load_before],
                 "load_after": [round(x, 1) for x in load_after],
+                # The web server's processor time while the changes were told (100: one core).
+                "site_cpu_s": round(self.site_cpu[0], 2),
+                "site_cpu_percent": round(100 * self.site_cpu[0] / self.site_cpu[1], 1),
             }
         )
         return result
@@ -554,7 +589,7 @@ def main() -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        bench = Bench(args, tokens, run_id, url)
+        bench = Bench(args, tokens, run_id, url, web.pid)
         result = asyncio.run(bench.main(after))
     finally:
         stop(web)
