@@ -83,6 +83,8 @@ class IdleSessionTimeout(OnTheLoop, MiddlewareMixin):
 
     def _clock(self, request: HttpRequest) -> tuple[SessionBase, float | None, float] | None:
         """The session and its last activity, when the idle clock applies to this request."""
+        if not has_session_cookie(request):
+            return None  # no session to time, and no need to make the lazy user to know it
         timeout: float = getattr(settings, "SESSION_IDLE_TIMEOUT", 0)
         session: SessionBase | None = getattr(request, "session", None)
         user = getattr(request, "user", None)

@@ -24,21 +24,31 @@ Django runs a request's synchronous parts on one thread so that they share its d
 connection; here each part gives back the connection it opened when it ends (unless a
 transaction is open), so any of the threads serves the next part. The threads also bound
 how many synchronous views a process runs at once, as a WSGI worker's threads do. A view
-marked with `own_threads` has its requests run on threads of its own (the change feed's).
-May import: nothing of the app (Django, django-csp, asgiref).
+marked with `own_threads` has its requests run on threads of its own (the change feed's),
+and, when it says how many, taking turns on the event loop (`Turn`).
+
+`settle_the_heap` readies a worker's heap once the site is loaded: what start-up made is
+kept out of the garbage collector's passes, which then come less often (``ASGI_GC_THRESHOLD``).
+May import: nothing of the app (Django, django-csp, django-axes, asgiref).
 """
 
+import asyncio
+import contextlib
+import contextvars
 import functools
+import gc
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from asgiref.sync import ThreadSensitiveContext, markcoroutinefunction, sync_to_async
+from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from csp.middleware import CSPMiddleware as CSPMiddlewareBase
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware as AuthenticationMiddlewareBase
 from django.contrib.messages.middleware import MessageMiddleware as MessageMiddlewareBase
+from django.contrib.messages.storage import default_storage
 from django.contrib.sessions.middleware import SessionMiddleware as SessionMiddlewareBase
 from django.core.handlers import base as base_handler
 from django.core.handlers.asgi import ASGIHandler as ASGIHandlerBase
@@ -48,7 +58,8 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware as XFrameOpti
 from django.middleware.common import CommonMiddleware as CommonMiddlewareBase
 from django.middleware.csrf import CsrfViewMiddleware as CsrfViewMiddlewareBase
 from django.middleware.security import SecurityMiddleware as SecurityMiddlewareBase
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, get_resolver, resolve
+from django.utils.functional import SimpleLazyObject, empty
 from django.utils.module_loading import import_string
 
 REQUEST, VIEW, RESPONSE = "request", "view", "response"
@@ -148,13 +159,72 @@ class SessionMiddleware(OnTheLoop, SessionMiddlewareBase):
         return bool(session.modified or settings.SESSION_SAVE_EVERY_REQUEST) and not session.is_empty()
 
 
+def made(lazy: object) -> bool:
+    """Whether a `SimpleLazyObject` was used (so made); anything else counts as made."""
+    return not isinstance(lazy, SimpleLazyObject) or lazy._wrapped is not empty
+
+
 class MessageMiddleware(OnTheLoop, MessageMiddlewareBase):
-    """Django's: messages are stored after the view only when some were added or read, in a
-    cookie or the session; then that goes to the thread."""
+    """Django's, with the request's message storage made when first used: most requests (the
+    API's, ``/healthz``) never use it, and making one signs nothing then. Messages are stored
+    after the view only when some were added or read, in a cookie or the session; then that
+    goes to the thread."""
+
+    def process_request(self, request: HttpRequest) -> None:
+        # What Django's makes at once, made when used.
+        request._messages = SimpleLazyObject(lambda: default_storage(request))  # type: ignore[attr-defined]
+
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        if not made(getattr(request, "_messages", None)):
+            return response
+        answered: HttpResponseBase = super().process_response(request, response)
+        return answered
 
     def needs_thread(self, hook: str, request: HttpRequest, other: object = None) -> bool:
         storage = getattr(request, "_messages", None)
-        return hook == RESPONSE and storage is not None and bool(storage.used or storage.added_new)
+        if hook != RESPONSE or storage is None or not made(storage):
+            return False
+        return bool(storage.used or storage.added_new)
+
+
+class AxesMiddleware:
+    """django-axes' (it answers a locked-out login), deciding once, when the chain is built,
+    whether it serves the loop (django-axes' asks ``inspect`` on every call), and under
+    ASGI answering a lockout as under WSGI (django-axes' async path leaves the response out
+    of its lockout handler's arguments). django-axes is imported only to answer a lockout:
+    a project may list the app's middleware without it."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def locked_out(request: HttpRequest) -> bool:
+        return bool(settings.AXES_ENABLED) and bool(getattr(request, "axes_locked_out", None))
+
+    @staticmethod
+    def lockout_response(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        from axes.helpers import get_lockout_response
+
+        answered: HttpResponseBase = get_lockout_response(request, response, getattr(request, "axes_credentials", None))
+        return answered
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.async_mode:
+            return self.__acall__(request)
+        response = self.get_response(request)
+        return self.lockout_response(request, response) if self.locked_out(request) else response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        response: HttpResponseBase = await self.get_response(request)
+        if self.locked_out(request):
+            response = await sync_to_async(self.lockout_response, thread_sensitive=True)(request, response)
+        return response
 
 
 def give_back_connections() -> None:
@@ -204,6 +274,7 @@ COUNTERPARTS: dict[str, type] = {
     "django.contrib.auth.middleware.AuthenticationMiddleware": AuthenticationMiddleware,
     "django.contrib.messages.middleware.MessageMiddleware": MessageMiddleware,
     "django.middleware.clickjacking.XFrameOptionsMiddleware": XFrameOptionsMiddleware,
+    "axes.middleware.AxesMiddleware": AxesMiddleware,
 }
 
 
@@ -225,39 +296,117 @@ class CounterpartChain:
             base_handler.import_string = original  # type: ignore[assignment]
 
 
-def own_threads(threads: Callable[[], Executor]) -> Callable[[View], View]:
+class Turn:
+    """A request's turn on the event loop, among the requests of a view that takes turns
+    (`own_threads` with ``turns``): at most that many of them are served at once in a
+    process; the others wait, in the order they came, for one of those to end or to
+    `step_aside`. A thousand long polls woken by one change then answer a few at a time,
+    and the loop goes back to its sockets between (a ``/healthz`` that came meanwhile is
+    served then, not after the thousand)."""
+
+    _turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]]" = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, turns: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.turns = self._turns.setdefault(loop, {}).setdefault(turns, asyncio.Semaphore(turns))
+        self.held = False
+
+    async def take(self) -> None:
+        await self.turns.acquire()
+        self.held = True
+
+    def give(self) -> None:
+        if self.held:
+            self.held = False
+            self.turns.release()
+
+
+_turn: contextvars.ContextVar[Turn | None] = contextvars.ContextVar("cleanup_turn", default=None)
+
+
+@contextlib.asynccontextmanager
+async def step_aside() -> AsyncIterator[None]:
+    """While this request waits (parked until a change, or while its client reads), it
+    leaves its `Turn` to the next request, and takes one again after (not when the wait
+    ends by an error: the request is ending). A request that takes no turns just waits."""
+    turn = _turn.get()
+    if turn is None or not turn.held:
+        yield
+        return
+    turn.give()
+    yield
+    await turn.take()
+
+
+def own_threads(threads: Callable[[], Executor], turns: int | None = None) -> Callable[[View], View]:
     """Marks a view whose requests' synchronous parts run on ``threads()`` (a process's
     `RequestThreads` of its own) instead of `request_threads()`: the change feed's, so
-    that a thousand re-asks after a change do not queue before ``/healthz``."""
+    that a thousand re-asks after a change do not queue before ``/healthz``. With
+    ``turns``, its requests are served that many at a time (`Turn`)."""
 
     def marked(view: View) -> View:
         view.serving_threads = threads  # type: ignore[attr-defined]  # a mark on the view function
+        view.serving_turns = turns  # type: ignore[attr-defined]
         return view
 
     return marked
 
 
 @functools.lru_cache(maxsize=4096)
-def _threads_of_path(path: str) -> Callable[[], Executor]:
+def _serving_of_path(path: str) -> tuple[Callable[[], Executor], int | None]:
     try:
         view = resolve(path).func
     except Resolver404:
-        return request_threads
-    threads: Callable[[], Executor] = getattr(view, "serving_threads", request_threads)
-    return threads
+        return request_threads, None
+    return getattr(view, "serving_threads", request_threads), getattr(view, "serving_turns", None)
 
 
 def threads_for(path: str) -> Executor:
     """The threads a request for ``path`` runs its synchronous parts on (`own_threads`)."""
-    return _threads_of_path(path)()
+    return _serving_of_path(path)[0]()
+
+
+def turns_for(path: str) -> int | None:
+    """How many requests for ``path``'s view a process serves at once (None: no limit)."""
+    return _serving_of_path(path)[1]
+
+
+def settle_the_heap(threshold: int) -> None:
+    """Once a worker has loaded the site (its URLconf, so every view): collect, then keep all
+    that is left out of the garbage collector's passes (it lives as long as the process),
+    and make the youngest generation ``threshold`` allocations long (Python's is 700), so
+    that the collector neither runs every few requests nor walks the whole site when it
+    does, a pause during which the event loop serves no one. 0 leaves the collector as it is."""
+    if threshold <= 0:
+        return
+    get_resolver().url_patterns  # noqa: B018  (imports every view)
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(threshold, middle, old)
 
 
 class ASGIHandler(CounterpartChain, ASGIHandlerBase):
     """Django's ASGI handler, with the middleware of `COUNTERPARTS` on the event loop and each
-    request's synchronous parts on `request_threads()` (or its view's `own_threads`)."""
+    request's synchronous parts on `request_threads()` (or its view's `own_threads`, taking
+    its `Turn` when the view says how many)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        async with ThreadSensitiveContext(executor=threads_for(scope["path"])):
-            await self.handle(scope, receive, send)
+        path = scope["path"]
+        async with ThreadSensitiveContext(executor=threads_for(path)):
+            turns = turns_for(path)
+            if turns is None:
+                await self.handle(scope, receive, send)
+                return
+            turn = Turn(turns)
+            held = _turn.set(turn)  # this request's context (its tasks copy it)
+            try:
+                await turn.take()
+                await self.handle(scope, receive, send)
+            finally:
+                turn.give()
+                _turn.reset(held)

@@ -243,6 +243,12 @@ ASGI_APPLICATION = "eventsite.asgi.application"
 ASGI_THREADS = env_int("ASGI_THREADS", 8)
 if ASGI_THREADS < 1:
     raise ImproperlyConfigured(f"ASGI_THREADS={ASGI_THREADS} is below 1")
+# Allocations between two of the garbage collector's passes over the youngest objects in an
+# ASGI worker, whose start-up objects are kept out of every pass (cleanup.serving.
+# settle_the_heap); Python's own is 700. 0 leaves the collector as Python sets it.
+ASGI_GC_THRESHOLD = env_int("ASGI_GC_THRESHOLD", 20000)
+if ASGI_GC_THRESHOLD < 0:
+    raise ImproperlyConfigured(f"ASGI_GC_THRESHOLD={ASGI_GC_THRESHOLD} is below 0")
 
 
 # The app runs on PostgreSQL only (the system check cleanup.E020 refuses any other engine).

@@ -69,8 +69,7 @@ def test_the_sites_asgi_handler_serves_every_middleware_on_the_loop_and_wsgi_ser
 
     served = chain(application)
     assert len(served) == len(settings.MIDDLEWARE)
-    mine = {cls for cls in served if issubclass(cls, serving.OnTheLoop)}
-    assert set(serving.COUNTERPARTS.values()) <= mine
+    assert set(serving.COUNTERPARTS.values()) <= set(served)
     listed = {path.rsplit(".", 1)[1] for path in settings.MIDDLEWARE}
     assert {cls.__name__ for cls in served} == listed
     # Whatever a listed class is not a counterpart of passes requests on on the loop itself.
@@ -260,3 +259,274 @@ def _connections_of(threads):
     for future in futures:
         found += future.result()
     return found
+
+
+def test_a_parked_long_poll_leaves_its_turn_and_the_next_request_is_served_meanwhile(monkeypatch):
+    """With one turn for the feed, a long poll parked on the listener does not hold it: a
+    second ask of the feed is answered while the first still waits."""
+    ended = []
+
+    async def scenario():
+        turns = asyncio.Semaphore(1)
+
+        def one_turn(self, count):
+            self.turns, self.held = turns, False
+
+        monkeypatch.setattr(serving.Turn, "__init__", one_turn)
+
+        async def parked():
+            turn = serving.Turn(1)
+            serving._turn.set(turn)
+            await turn.take()
+            try:
+                async with serving.step_aside():
+                    await asyncio.sleep(0.2)
+                ended.append("parked")
+            finally:
+                turn.give()
+
+        async def plain():
+            turn = serving.Turn(1)
+            serving._turn.set(turn)
+            await turn.take()
+            try:
+                ended.append("plain")
+            finally:
+                turn.give()
+
+        first = asyncio.create_task(parked())
+        await asyncio.sleep(0.01)  # parked now
+        await asyncio.gather(first, asyncio.create_task(plain()))
+        return turns
+
+    turns = async_to_sync(scenario)()
+    assert ended == ["plain", "parked"]
+    assert not turns.locked()  # every turn given back
+
+
+def test_turns_bound_the_requests_served_at_once_in_the_order_they_came():
+    async def scenario():
+        serving_now, most, order = 0, 0, []
+
+        async def request(number):
+            nonlocal serving_now, most
+            turn = serving.Turn(3)
+            serving._turn.set(turn)
+            await turn.take()
+            try:
+                serving_now += 1
+                most = max(most, serving_now)
+                order.append(number)
+                await asyncio.sleep(0.01)  # its work, during which others may come
+                serving_now -= 1
+            finally:
+                turn.give()
+
+        await asyncio.gather(*(request(n) for n in range(20)))
+        return most, order
+
+    most, order = async_to_sync(scenario)()
+    assert most == 3
+    assert order == list(range(20))
+
+
+def test_a_request_cancelled_while_waiting_for_its_turn_again_gives_back_nothing_it_lacks():
+    """A client gone while its long poll waits to take its turn back: the turn count stays
+    whole (none lost, none added)."""
+
+    async def scenario():
+        holder = serving.Turn(1)
+        await holder.take()
+
+        async def parked_then_cancelled():
+            turn = serving.Turn(1)
+            serving._turn.set(turn)
+            await turn.take()
+            try:
+                async with serving.step_aside():
+                    await asyncio.sleep(0.01)
+                # here it waits to take the turn back, which the holder below keeps
+            finally:
+                turn.give()
+
+        # The holder gives its turn up for a moment, for the other to take and leave.
+        holder.give()
+        task = asyncio.create_task(parked_then_cancelled())
+        await asyncio.sleep(0.005)
+        await holder.take()  # taken while the other is parked
+        await asyncio.sleep(0.05)  # the other now waits for it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        holder.give()
+        return holder.turns
+
+    turns = async_to_sync(scenario)()
+    assert turns._value == 1 and not turns.locked()
+
+
+def test_a_request_that_takes_no_turns_steps_aside_freely():
+    async def scenario():
+        async with serving.step_aside():
+            await asyncio.sleep(0)
+        return serving._turn.get()
+
+    assert async_to_sync(scenario)() is None
+
+
+def test_the_feed_takes_turns_and_no_other_view_does():
+    from cleanup.api import waiting
+
+    assert serving.turns_for(CHANGES) == waiting.TURNS
+    assert serving.turns_for("/healthz") is None
+    assert serving.turns_for(API + "resources/") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_the_sites_handler_a_parked_long_poll_lets_the_next_ask_through(monkeypatch):
+    """Through `eventsite.asgi` with the feed's turns at 1: a long poll waiting for a change
+    holds no turn, so an ask that needs no wait is answered before it."""
+    from cleanup import feed
+
+    key = issue(user_with("view_runlog", "view_moduleevent"))[1]
+    token = [(b"authorization", f"Token {key}".encode())]
+    monkeypatch.setattr(serving, "turns_for", lambda path: 1 if path == CHANGES else None)
+    feed.stamp()
+    last = feed.entries_after(0, 10_000, None, None)
+    after = last[-1]["id"] if last else 0
+    ended = []
+
+    async def ask(query, name):
+        status = await through_the_site(CHANGES + query, token)
+        ended.append((name, status))
+
+    async def both():
+        waiter = asyncio.create_task(ask(f"?after={after}&wait=2", "long poll"))
+        await asyncio.sleep(0.5)  # it has been checked and parked
+        await ask("?after=0", "plain")
+        await waiter
+
+    async_to_sync(both)()
+    assert ended == [("plain", 200), ("long poll", 200)]
+
+
+@pytest.mark.django_db
+def test_a_locked_out_login_under_asgi_answers_as_under_wsgi(admin_user):
+    """django-axes' lockout through the site's counterpart of its middleware: the same 429,
+    its Retry-After and its words, under both handlers."""
+    from tests.security.test_lockout import LOGIN
+
+    def wrong_then_right(post):
+        for _ in range(5):
+            post({"username": admin_user.username, "password": "wrong"})
+        return post({"username": admin_user.username, "password": "password"})
+
+    async def asgi():
+        client = site_client()  # its handler checks CSRF, as a browser's requests are
+        csrf = (await client.get("/admin/login/")).cookies["csrftoken"].value
+
+        async def post(data):
+            return await client.post(LOGIN, {**data, "next": "/admin/", "csrfmiddlewaretoken": csrf})
+
+        answers = [await post({"username": admin_user.username, "password": "wrong"}) for _ in range(5)]
+        return answers, await post({"username": admin_user.username, "password": "password"})
+
+    _, under_asgi = async_to_sync(asgi)()
+    from axes.models import AccessAttempt
+
+    AccessAttempt.objects.all().delete()
+    client = Client()
+    under_wsgi = wrong_then_right(lambda data: client.post(LOGIN, {**data, "next": "/admin/"}))
+    assert under_asgi.status_code == under_wsgi.status_code == 429
+    assert under_asgi["Retry-After"] == under_wsgi["Retry-After"] == "900"
+    assert "locked out" in under_asgi.content.decode()
+
+
+def test_the_app_loads_its_serving_without_django_axes_installed(tmp_path):
+    """A project may list the app without django-axes: importing `cleanup.serving` imports
+    none of it (its models would refuse to load outside INSTALLED_APPS)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "bare_settings.py").write_text(
+        "SECRET_KEY = 'x'\nINSTALLED_APPS = ['django.contrib.auth', 'django.contrib.contenttypes']\n"
+        "DATABASES = {}\nUSE_TZ = True\n"
+    )
+    code = (
+        "import sys, django; django.setup(); import cleanup.serving as s\n"
+        "assert 'axes.models' not in sys.modules, 'axes was imported'\n"
+        "assert 'axes.middleware.AxesMiddleware' in s.COUNTERPARTS\n"
+    )
+    path = f"{tmp_path}:{settings.BASE_DIR}"
+    env = {"PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "bare_settings", "PATH": "/usr/bin"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_answer_that_used_no_message_makes_no_message_storage():
+    from django.contrib import messages
+    from django.contrib.sessions.backends.signed_cookies import SessionStore
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    middleware = serving.MessageMiddleware(lambda request: HttpResponse("ok"))
+    quiet = RequestFactory().get("/api/v1/runs/")
+    quiet.session = SessionStore()
+    middleware.process_request(quiet)
+    answer = middleware.process_response(quiet, HttpResponse("ok"))
+    assert not serving.made(quiet._messages)
+    assert "messages" not in answer.cookies
+    assert not middleware.needs_thread(serving.RESPONSE, quiet, answer)
+
+    # One that adds a message stores it as Django's would (a cookie here), read next time.
+    told = RequestFactory().get("/admin/")
+    told.session = SessionStore()
+    middleware.process_request(told)
+    messages.info(told, "The run was cancelled.")
+    assert middleware.needs_thread(serving.RESPONSE, told, None)
+    answer = middleware.process_response(told, HttpResponse("ok"))
+    assert serving.made(told._messages)
+    later = RequestFactory().get("/admin/", HTTP_COOKIE=f"messages={answer.cookies['messages'].value}")
+    later.session = SessionStore()
+    middleware.process_request(later)
+    assert [str(m) for m in messages.get_messages(later)] == ["The run was cancelled."]
+
+
+def test_the_idle_clock_reads_no_user_for_a_request_without_a_session_cookie(monkeypatch):
+    from django.test import RequestFactory
+    from django.utils.functional import SimpleLazyObject
+
+    monkeypatch.setattr(settings, "SESSION_IDLE_TIMEOUT", 3600, raising=False)
+
+    def read_user():
+        raise AssertionError("the user was read")
+
+    request = RequestFactory().get("/api/v1/changes/")
+    request.session = {}
+    request.user = SimpleLazyObject(read_user)
+    clock = IdleSessionTimeout(lambda r: None)
+    assert clock.process_request(request) is None
+    assert clock.process_view(request, lambda r: None, (), {}) is None
+
+
+def test_a_settled_heap_keeps_what_start_up_made_out_of_the_collectors_passes():
+    """In a process of its own, as a worker's: 0 changes nothing; a threshold freezes what
+    the site made as it loaded (its views included) and sets the youngest generation's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, django; django.setup()\n"
+        "from cleanup.serving import settle_the_heap\n"
+        "before = gc.get_threshold()\n"
+        "settle_the_heap(0)\n"
+        "print(gc.get_threshold() == before, gc.get_freeze_count())\n"
+        "settle_the_heap(25000)\n"
+        "print(gc.get_threshold() == (25000, *before[1:]), gc.get_freeze_count(),"
+        " 'cleanup.api.feed' in __import__('sys').modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    (unchanged, none_frozen), (set_, frozen, views_loaded) = (line.split() for line in done.stdout.splitlines())
+    assert (unchanged, none_frozen) == ("True", "0")
+    assert (set_, views_loaded) == ("True", "True")
+    assert int(frozen) > 50_000

@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 
 from .. import feed
 from ..models import LogKind, ModuleEventKind
-from ..serving import own_threads
+from ..serving import own_threads, step_aside
 from . import params, waiting
 from .views import MAX_ID, EventsAPI, errors
 
@@ -292,7 +292,7 @@ def remembered_first_look(
     return None if found is None else ((after, limit, run, kinds), found)
 
 
-@own_threads(waiting.executor)
+@own_threads(waiting.executor, turns=waiting.TURNS)
 async def changes(request: HttpRequest) -> HttpResponseBase:
     """`ChangesView`, with its waits (a long poll, an event stream) parked on the process's
     listener (`waiting`) instead of a worker, a thread or a connection."""
@@ -349,14 +349,16 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     ends = loop.time() + seconds
     for line in stream_head(plan, seconds):
-        yield line
+        async with step_aside():  # while its client reads, another request takes the turn
+            yield line
     after = plan.first[-1]["id"] if plan.first else plan.after
     # A full batch may have more behind it: the next wait reads on at once.
     full = len(plan.first) >= plan.limit
     found: list[dict[str, Any]] = []
     while True:
         for entry in found:
-            yield event(entry)
+            async with step_aside():
+                yield event(entry)
             after = entry["id"]
         left = ends - loop.time()
         if left <= 0:
@@ -365,4 +367,5 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
         found = await waiting.wait_for_entries(after, plan.limit, plan.run, plan.kinds, wait_s, looked=not full)
         full = len(found) >= plan.limit
         if not found:
-            yield ": still here\n\n"
+            async with step_aside():
+                yield ": still here\n\n"

@@ -16,7 +16,9 @@ tries again every `RECONNECT_S`, and meanwhile each waiter reads the feed itself
 reads the database too.
 
 The synchronous parts (a request's checks, a read of the database) run on the process's
-few `executor` threads. `let_go_of_request_thread` ends the thread Django gives an ASGI
+few `executor` threads, and the feed's requests take turns on the event loop (`TURNS` at
+once; a parked one leaves its turn), so that the thousand a change wakes answer a few at
+a time, with the loop's other requests served between. `let_go_of_request_thread` ends the thread Django gives an ASGI
 request when a middleware needed one (a session to read), so that a parked request holds
 no thread either.
 May import: `feed`, `serving`, `tokens` (and Django, asgiref, psycopg).
@@ -36,7 +38,7 @@ from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
 from .. import feed
-from ..serving import RequestThreads
+from ..serving import RequestThreads, step_aside
 from . import tokens
 
 logger = logging.getLogger("cleanup.feed")
@@ -47,6 +49,9 @@ KEEP = 5000
 READ_BATCH = 1000
 # Threads per process for the feed's synchronous parts (`executor`).
 THREADS = 4
+# The feed's requests a process serves at once (`cleanup.serving.Turn`): the others wait
+# their turn, and a parked wait leaves its turn to them.
+TURNS = 8
 RECONNECT_S = 1.0
 FALLBACK_S = 1.0
 
@@ -285,11 +290,12 @@ async def wait_for_entries(
             pause = min(left, FALLBACK_S)
         first = False
         changed = listener.changed
-        try:
-            async with asyncio.timeout(pause):
-                await changed.wait()
-        except TimeoutError:
-            pass
+        async with step_aside():  # a parked wait leaves its turn to another request
+            try:
+                async with asyncio.timeout(pause):
+                    await changed.wait()
+            except TimeoutError:
+                pass
 
 
 def let_go_of_request_thread() -> None:
