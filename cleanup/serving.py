@@ -328,9 +328,9 @@ _turn: contextvars.ContextVar[Turn | None] = contextvars.ContextVar("cleanup_tur
 
 @contextlib.asynccontextmanager
 async def step_aside() -> AsyncIterator[None]:
-    """While this request waits (parked until a change, or while its client reads), it
-    leaves its `Turn` to the next request, and takes one again after (not when the wait
-    ends by an error: the request is ending). A request that takes no turns just waits."""
+    """While this request waits (parked until a change), it leaves its `Turn` to the next
+    request, and takes one again after (not when the wait ends by an error: the request is
+    ending). A request that holds no turn (it takes none, or left it) just waits."""
     turn = _turn.get()
     if turn is None or not turn.held:
         yield
@@ -338,6 +338,14 @@ async def step_aside() -> AsyncIterator[None]:
     turn.give()
     yield
     await turn.take()
+
+
+def leave_turn() -> None:
+    """This request needs no more turns (an event stream, from its first event on): it
+    gives back the one it holds, for good."""
+    turn = _turn.get()
+    if turn is not None:
+        turn.give()
 
 
 def own_threads(threads: Callable[[], Executor], turns: int | None = None) -> Callable[[View], View]:

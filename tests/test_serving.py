@@ -365,6 +365,27 @@ def test_a_request_cancelled_while_waiting_for_its_turn_again_gives_back_nothing
     assert turns._value == 1 and not turns.locked()
 
 
+def test_a_request_that_leaves_its_turn_takes_none_again_and_gives_back_none_twice():
+    """An event stream leaves its turn once it has begun: its waits take none back, and the
+    handler's end of the request gives back nothing more (the turns stay as many)."""
+
+    async def request():
+        turn = serving.Turn(2)
+        serving._turn.set(turn)  # in this task's context only
+        await turn.take()
+        serving.leave_turn()
+        async with serving.step_aside():
+            await asyncio.sleep(0)
+        held_after_wait = turn.held
+        turn.give()  # the handler's, as the request ends
+        return held_after_wait, turn.turns._value
+
+    async def scenario():
+        return await asyncio.create_task(request())
+
+    assert async_to_sync(scenario)() == (False, 2)
+
+
 def test_a_request_that_takes_no_turns_steps_aside_freely():
     async def scenario():
         async with serving.step_aside():

@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 
 from .. import feed
 from ..models import LogKind, ModuleEventKind
-from ..serving import own_threads, step_aside
+from ..serving import leave_turn, own_threads
 from . import params, waiting
 from .views import MAX_ID, EventsAPI, errors
 
@@ -313,6 +313,9 @@ async def changes(request: HttpRequest) -> HttpResponseBase:
         return response
     waiting.let_go_of_request_thread()
     if plan.stream:
+        # A stream's events cost little (each rendered once per process): it takes no turn
+        # while it lasts, and is told of a change with the long polls, not after them.
+        leave_turn()
         # Served by WSGI (runserver, a sync test server), a stream would be read whole before
         # it is sent: it then says what is there and ends, and the client asks again later.
         body = event_stream(plan, STREAM_S) if isinstance(request, ASGIRequest) else iter(stream_head(plan, 0))
@@ -349,16 +352,14 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     ends = loop.time() + seconds
     for line in stream_head(plan, seconds):
-        async with step_aside():  # while its client reads, another request takes the turn
-            yield line
+        yield line
     after = plan.first[-1]["id"] if plan.first else plan.after
     # A full batch may have more behind it: the next wait reads on at once.
     full = len(plan.first) >= plan.limit
     found: list[dict[str, Any]] = []
     while True:
         for entry in found:
-            async with step_aside():
-                yield event(entry)
+            yield event(entry)
             after = entry["id"]
         left = ends - loop.time()
         if left <= 0:
@@ -367,5 +368,4 @@ async def event_stream(plan: Wait, seconds: float) -> AsyncIterator[str]:
         found = await waiting.wait_for_entries(after, plan.limit, plan.run, plan.kinds, wait_s, looked=not full)
         full = len(found) >= plan.limit
         if not found:
-            async with step_aside():
-                yield ": still here\n\n"
+            yield ": still here\n\n"
