@@ -11,6 +11,7 @@ path), the app config, and surfaces that queue work.
 import datetime as dt
 import functools
 import logging
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -275,12 +276,20 @@ def startup_task() -> dict[str, Any]:
     return reconcile_task()
 
 
+# The worker process that has queued its start-up work (its pid): once per process.
+_started_in: int | None = None
+
+
 def on_worker_start(sender: object = None, proc_name: str | None = None, **kwargs: Any) -> None:
     """A worker that starts ensures the schedule and asks every module what is in force (rule 10)."""
-    if proc_name == "MainProcess":
-        # django-q2's sync mode runs a worker inside the caller for every task; that is
-        # not a worker starting, and reacting to it would queue tasks without end.
+    global _started_in
+    # django-q2's sync mode runs a worker inside the caller for every task, and says so as a
+    # worker starting: in the caller (the main process), or in a cluster's worker running
+    # its tasks inline (``Q_SYNC`` on). Reacting to those would queue the start-up work
+    # inside itself without end; a worker process queues it once, when it really starts.
+    if proc_name == "MainProcess" or _started_in == os.getpid():
         return
+    _started_in = os.getpid()
     try:
         queue_startup()
     except Exception:

@@ -5,11 +5,18 @@ from django.core.management import call_command
 from django_q.models import Schedule
 from django_q.signals import post_spawn
 
-from cleanup import registry
+from cleanup import registry, tasks
 from cleanup.tasks import SCHEDULE_NAME, ensure_schedule, queue_cleanup
 from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step, states
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def a_worker_not_yet_started(monkeypatch):
+    """Each test's ``post_spawn`` is a worker process's first (the pytest process's pid is
+    every test's)."""
+    monkeypatch.setattr(tasks, "_started_in", None)
 
 
 def test_the_schedule_exists_once_however_often_it_is_ensured():
@@ -88,3 +95,20 @@ def test_backend_restarted_queues_a_reconcile_that_looks_back(django_capture_on_
 
     # The reconcile found orc-1 back, and queued the sweep that gave it back again.
     assert list(run.resources.order_by("id").values_list("state", flat=True)) == ["reverted", "reverted"]
+
+
+def test_a_worker_running_its_tasks_inline_queues_its_start_up_work_once(monkeypatch):
+    """With ``Q_SYNC`` on, a cluster's worker runs each task inside itself, and django-q2
+    says so with ``post_spawn`` under the worker's own name: the start-up work is queued
+    when the worker starts, not again for each task it runs (nor inside itself, without end)."""
+    queued = []
+
+    def queue_startup():
+        queued.append(1)
+        # The start-up task, run inline, starts a worker inside this one.
+        post_spawn.send(sender="django_q", proc_name="Process-1:1")
+
+    monkeypatch.setattr(tasks, "queue_startup", queue_startup)
+    post_spawn.send(sender="django_q", proc_name="Process-1:1")
+    post_spawn.send(sender="django_q", proc_name="Process-1:1")  # a later task, inline
+    assert queued == [1]
