@@ -32,6 +32,9 @@ class Demo:
             "DEMO_SHARD2_PORT": str(self.shard2),
             "EVENTSITE_VAR_DIR": str(var_dir),
             "DATABASE_URL": database_url,
+            # As `make demo` runs for a person: the site's settings, not the tests' (pytest-django
+            # puts those in the environment; they run django-q2's tasks inline).
+            "DJANGO_SETTINGS_MODULE": "eventsite.settings",
         }
         self.lines = []
         self.started = time.monotonic()
