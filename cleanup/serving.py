@@ -309,8 +309,10 @@ class Turn:
     )
 
     def __init__(self, turns: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.turns = self._turns.setdefault(loop, {}).setdefault(turns, asyncio.Semaphore(turns))
+        kept = self._turns.setdefault(asyncio.get_running_loop(), {})
+        if turns not in kept:
+            kept[turns] = asyncio.Semaphore(turns)
+        self.turns = kept[turns]
         self.held = False
 
     async def take(self) -> None:
@@ -324,6 +326,20 @@ class Turn:
 
 
 _turn: contextvars.ContextVar[Turn | None] = contextvars.ContextVar("cleanup_turn", default=None)
+
+
+@contextlib.asynccontextmanager
+async def turn_taken(turns: int) -> AsyncIterator[Turn]:
+    """Serves what it wraps (a request) in its `Turn` among ``turns``: waits for one, and
+    gives it back at the end (unless given already) however it ends."""
+    turn = Turn(turns)
+    held = _turn.set(turn)  # this request's context (the tasks it starts copy it)
+    try:
+        await turn.take()
+        yield turn
+    finally:
+        turn.give()
+        _turn.reset(held)
 
 
 @contextlib.asynccontextmanager
@@ -410,11 +426,5 @@ class ASGIHandler(CounterpartChain, ASGIHandlerBase):
             if turns is None:
                 await self.handle(scope, receive, send)
                 return
-            turn = Turn(turns)
-            held = _turn.set(turn)  # this request's context (its tasks copy it)
-            try:
-                await turn.take()
+            async with turn_taken(turns):
                 await self.handle(scope, receive, send)
-            finally:
-                turn.give()
-                _turn.reset(held)

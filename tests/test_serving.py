@@ -261,43 +261,26 @@ def _connections_of(threads):
     return found
 
 
-def test_a_parked_long_poll_leaves_its_turn_and_the_next_request_is_served_meanwhile(monkeypatch):
-    """With one turn for the feed, a long poll parked on the listener does not hold it: a
-    second ask of the feed is answered while the first still waits."""
+def test_a_parked_long_poll_leaves_its_turn_and_the_next_request_is_served_meanwhile():
+    """With one turn, a request parked (stepped aside) does not hold it: a second request is
+    served while the first still waits."""
     ended = []
 
     async def scenario():
-        turns = asyncio.Semaphore(1)
-
-        def one_turn(self, count):
-            self.turns, self.held = turns, False
-
-        monkeypatch.setattr(serving.Turn, "__init__", one_turn)
-
         async def parked():
-            turn = serving.Turn(1)
-            serving._turn.set(turn)
-            await turn.take()
-            try:
+            async with serving.turn_taken(1):
                 async with serving.step_aside():
                     await asyncio.sleep(0.2)
                 ended.append("parked")
-            finally:
-                turn.give()
 
         async def plain():
-            turn = serving.Turn(1)
-            serving._turn.set(turn)
-            await turn.take()
-            try:
+            async with serving.turn_taken(1):
                 ended.append("plain")
-            finally:
-                turn.give()
 
         first = asyncio.create_task(parked())
         await asyncio.sleep(0.01)  # parked now
         await asyncio.gather(first, asyncio.create_task(plain()))
-        return turns
+        return serving.Turn(1).turns
 
     turns = async_to_sync(scenario)()
     assert ended == ["plain", "parked"]
@@ -310,17 +293,12 @@ def test_turns_bound_the_requests_served_at_once_in_the_order_they_came():
 
         async def request(number):
             nonlocal serving_now, most
-            turn = serving.Turn(3)
-            serving._turn.set(turn)
-            await turn.take()
-            try:
+            async with serving.turn_taken(3):
                 serving_now += 1
                 most = max(most, serving_now)
                 order.append(number)
                 await asyncio.sleep(0.01)  # its work, during which others may come
                 serving_now -= 1
-            finally:
-                turn.give()
 
         await asyncio.gather(*(request(n) for n in range(20)))
         return most, order
@@ -336,21 +314,13 @@ def test_a_request_cancelled_while_waiting_for_its_turn_again_gives_back_nothing
 
     async def scenario():
         holder = serving.Turn(1)
-        await holder.take()
 
         async def parked_then_cancelled():
-            turn = serving.Turn(1)
-            serving._turn.set(turn)
-            await turn.take()
-            try:
+            async with serving.turn_taken(1):
                 async with serving.step_aside():
                     await asyncio.sleep(0.01)
                 # here it waits to take the turn back, which the holder below keeps
-            finally:
-                turn.give()
 
-        # The holder gives its turn up for a moment, for the other to take and leave.
-        holder.give()
         task = asyncio.create_task(parked_then_cancelled())
         await asyncio.sleep(0.005)
         await holder.take()  # taken while the other is parked
@@ -367,17 +337,14 @@ def test_a_request_cancelled_while_waiting_for_its_turn_again_gives_back_nothing
 
 def test_a_request_that_leaves_its_turn_takes_none_again_and_gives_back_none_twice():
     """An event stream leaves its turn once it has begun: its waits take none back, and the
-    handler's end of the request gives back nothing more (the turns stay as many)."""
+    end of the request gives back nothing more (the turns stay as many)."""
 
     async def request():
-        turn = serving.Turn(2)
-        serving._turn.set(turn)  # in this task's context only
-        await turn.take()
-        serving.leave_turn()
-        async with serving.step_aside():
-            await asyncio.sleep(0)
-        held_after_wait = turn.held
-        turn.give()  # the handler's, as the request ends
+        async with serving.turn_taken(2) as turn:
+            serving.leave_turn()
+            async with serving.step_aside():
+                await asyncio.sleep(0)
+            held_after_wait = turn.held
         return held_after_wait, turn.turns._value
 
     async def scenario():

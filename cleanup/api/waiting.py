@@ -18,9 +18,9 @@ reads the database too.
 The synchronous parts (a request's checks, a read of the database) run on the process's
 few `executor` threads, and the feed's requests take turns on the event loop (`TURNS` at
 once; a parked one leaves its turn), so that the thousand a change wakes answer a few at
-a time, with the loop's other requests served between. `let_go_of_request_thread` ends the thread Django gives an ASGI
-request when a middleware needed one (a session to read), so that a parked request holds
-no thread either.
+a time, with the loop's other requests served between. `let_go_of_request_thread` ends
+the thread Django gives an ASGI request when a middleware needed one (a session to read),
+so that a parked request holds no thread either.
 May import: `feed`, `serving`, `tokens` (and Django, asgiref, psycopg).
 """
 
