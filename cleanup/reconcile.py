@@ -93,10 +93,12 @@ def _ask(group: Group, summary: ReconcileSummary | None = None) -> tuple[calls.R
     answer that blames the backend is counted in ``summary.unreachable``."""
     action_id = group[0].action_id or ""
     action = registry.get_action(action_id) if action_id else None
-    if action is None or action.reconcile is None or not callable(action.reconcile):
+    # Optional (`registry.ACTION_OPTIONAL`): an action without one gives no answer.
+    ask = getattr(action, "reconcile", None)
+    if action is None or not callable(ask):
         return None, action_id
     answer = calls.call(
-        action.reconcile,
+        ask,
         budget_ms=calls.budget_of(action),
         what=action_id,
         backend=group[0].backend,

@@ -95,6 +95,11 @@ class Health(Protocol):
 class Action:
     """An action a step can perform. Subclass it, set ``id`` and ``module``.
 
+    Any object (or class) with the same attributes may be registered instead. ``id``,
+    ``module`` and ``perform`` are required: `register_action` refuses an entry without one,
+    naming it. Every other attribute below is optional (`ACTION_OPTIONAL`): one the entry
+    lacks is unset, ``None``, exactly as here.
+
     ``id``: unique, conventionally ``"<module>.<verb>"``. ``module``: the module's name,
     written on every ledger row the action makes. ``budget_ms``: the deadline of each
     call (the ``EVENT_DEFAULT_BUDGET_MS`` setting when unset). ``max_concurrency``: how
@@ -174,6 +179,11 @@ class Action:
 
 class Lease:
     """A temporary override of a live property, such as a spawner's rate.
+
+    As for an `Action`, any object with the same attributes may be registered instead:
+    ``id``, ``module``, ``read``, ``apply`` and ``restore`` are required (`register_lease`
+    refuses an entry without one, naming it); the others are optional (`LEASE_OPTIONAL`),
+    unset (``None``) when the entry lacks them.
 
     ``read(*, target)`` answers ``{"ok": True, "value": v}``, the value in force now.
     ``apply(*, value, run_id, target)`` sets it and answers ``{"ok": True}``.
@@ -333,15 +343,60 @@ def lapsed(*, given_back: list[str], kept: dict[str, str], at: object = None, si
 ActionT = TypeVar("ActionT", bound=Action)
 LeaseT = TypeVar("LeaseT", bound=Lease)
 
+# What an action or a lease must have: one without any of them is refused when it registers.
+ACTION_REQUIRED = ("id", "module", "perform")
+LEASE_REQUIRED = ("id", "module", "read", "apply", "restore")
+# What it may leave out: missing reads as unset (``None``), exactly as on an `Action` or a
+# `Lease` that does not set it. The registry sets each one the entry lacks to ``None`` when it
+# registers (`_fill_optional`), so the engine, and anybody else, may read any of them off a
+# registered entry; ``keepalive`` is the dead-man's switch's (docs/modules.md).
+ACTION_OPTIONAL = (
+    "budget_ms",
+    "max_concurrency",
+    "max_rate",
+    "max_burst",
+    "revert",
+    "reconcile",
+    "validate",
+    "health",
+    "backend_of",
+    "keepalive",
+)
+LEASE_OPTIONAL = (
+    "budget_ms",
+    "max_concurrency",
+    "max_rate",
+    "max_burst",
+    "value_type",
+    "validate",
+    "health",
+    "backend_of",
+    "keepalive",
+)
+
 _actions: dict[str, Action] = {}
 _leases: dict[str, Lease] = {}
 
 
+def _named(entry: Any, kind: str) -> str:
+    """How a refusal names an entry: ``action 'x.spawn' (mymodule.module.Spawn)``, or by its
+    class alone when it has no usable id."""
+    cls = entry if isinstance(entry, type) else type(entry)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    entry_id = getattr(entry, "id", None)
+    return f"{kind} {entry_id!r} ({where})" if isinstance(entry_id, str) and entry_id.strip() else f"{kind} {where}"
+
+
 def _check_entry(entry: Any, kind: str, required: tuple[str, ...]) -> None:
-    for attr in ("id", "module"):
+    for attr in required:
         value = getattr(entry, attr, None)
-        if not isinstance(value, str) or not value.strip():
-            raise RegistryError(f"a {kind} needs a non-empty string `{attr}`, got {value!r}")
+        if value is None:
+            raise RegistryError(f"{_named(entry, kind)} is missing the required attribute `{attr}`")
+        if attr in ("id", "module"):
+            if not isinstance(value, str) or not value.strip():
+                raise RegistryError(f"{_named(entry, kind)}: `{attr}` must be a non-empty string, got {value!r}")
+        elif not callable(value):
+            raise RegistryError(f"{_named(entry, kind)}: `{attr}` must be callable, got {value!r:.100}")
     if "#" in entry.id:
         raise RegistryError(f"{kind} id {entry.id!r} may not contain '#'")
     for name in ("budget_ms", "max_concurrency"):
@@ -361,28 +416,49 @@ def _check_entry(entry: Any, kind: str, required: tuple[str, ...]) -> None:
     value_type = getattr(entry, "value_type", None)
     if value_type is not None and not callable(value_type):
         raise RegistryError(f"{kind} {entry.id!r}: value_type must be int, float, str or a callable")
-    for name in required:
-        if not callable(getattr(entry, name, None)):
-            raise RegistryError(f"{kind} {entry.id!r} has no callable `{name}`")
 
 
-def _register(table: dict[str, Any], entry: Any, kind: str, required: tuple[str, ...]) -> Any:
+def _fill_optional(entry: Any, optional: tuple[str, ...]) -> None:
+    """Set each optional attribute the entry lacks to ``None``: unset, as on an `Action`.
+
+    An entry that takes no attribute (``__slots__``, a frozen dataclass) is left as it is: the
+    engine reads every optional attribute with a default as well."""
+    for name in optional:
+        if not hasattr(entry, name):
+            try:
+                setattr(entry, name, None)
+            except (AttributeError, TypeError):
+                logger.debug("%s keeps no attribute %s: read as unset", _named(entry, "entry"), name)
+
+
+def _register(
+    table: dict[str, Any], entry: Any, kind: str, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Any:
     _check_entry(entry, kind, required)
     current = table.get(entry.id)
     if current is not None and current is not entry:
         raise RegistryError(f"{kind} {entry.id!r} is already registered by module {current.module!r}")
+    _fill_optional(entry, optional)
     table[entry.id] = entry
     return entry
 
 
 def register_action(action: ActionT) -> ActionT:
-    """Register an action (an `Action`, or any object with the same attributes); answers it."""
-    return cast(ActionT, _register(_actions, action, "action", ("perform",)))
+    """Register an action (an `Action`, or any object with the same attributes); answers it.
+
+    Refuses (`RegistryError`, naming the attribute and the action) one without a non-empty
+    ``id`` or ``module`` or a callable ``perform`` (`ACTION_REQUIRED`); each optional
+    attribute it lacks (`ACTION_OPTIONAL`) is set to ``None``, unset."""
+    return cast(ActionT, _register(_actions, action, "action", ACTION_REQUIRED, ACTION_OPTIONAL))
 
 
 def register_lease(lease: LeaseT) -> LeaseT:
-    """Register a lease (a `Lease`, or any object with the same attributes); answers it."""
-    return cast(LeaseT, _register(_leases, lease, "lease", ("read", "apply", "restore")))
+    """Register a lease (a `Lease`, or any object with the same attributes); answers it.
+
+    Refuses (`RegistryError`, naming the attribute and the lease) one without a non-empty
+    ``id`` or ``module`` or a callable ``read``, ``apply`` or ``restore`` (`LEASE_REQUIRED`);
+    each optional attribute it lacks (`LEASE_OPTIONAL`) is set to ``None``, unset."""
+    return cast(LeaseT, _register(_leases, lease, "lease", LEASE_REQUIRED, LEASE_OPTIONAL))
 
 
 def unregister_module(name: str) -> None:
