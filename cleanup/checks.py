@@ -1,7 +1,8 @@
 """System checks (`manage.py check`) for the database, the engine's settings and django-q2's
 configuration. Imports only `cleanup.conf`, whose table the setting checks iterate,
-`cleanup.limits` (where the shared counters are kept), and Django.
-May import: conf, limits.
+`cleanup.limits` (where the shared counters are kept), `cleanup.skew` (the clocks'
+offsets from the database's), and Django.
+May import: conf, limits, skew.
 """
 
 from collections.abc import Sequence
@@ -11,10 +12,11 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, transaction
 from django.db.backends.postgresql.base import DatabaseWrapper as PostgreSQLWrapper
 from django.db.utils import load_backend
 
-from . import limits
+from . import limits, skew
 from .conf import SETTINGS, setting
 
 
@@ -80,6 +82,42 @@ def check_counters_are_shared(
             "at Redis or django.core.cache.backends.db.DatabaseCache.",
             id="cleanup.W031",
         )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_clocks_agree_with_the_database(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """This process's clock, and each cluster's recent reading (`cleanup.skew`), against the
+    database's. Like Django's own database checks, it queries only when asked to
+    (``check --database default``, ``migrate``), and says nothing when the database does not answer."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        here = skew.measure()
+    except DatabaseError:
+        return []
+    found = [("This process's clock", here.offset_s)] if here.off else []
+    try:
+        with transaction.atomic():  # a savepoint: a table not yet made (before migrate) breaks nothing
+            found += [
+                (f"The clock of the cluster {r.who!r} (its latest reading)", r.offset_s)
+                for r in skew.readings()
+                if abs(r.offset_s) > skew.WARN_S
+            ]
+    except DatabaseError:
+        pass
+    return [
+        checks.Warning(
+            f"{whose} is {offset:+.1f} s off the database's (more than {skew.WARN_S:g} s). Claims and "
+            "every time that decides who may act use the database's clock, so only the times in "
+            "its log lines are off.",
+            hint="Keep every machine's clock in time with NTP (timedatectl set-ntp true, chrony or "
+            "systemd-timesyncd), the database server's too; see docs/operations.md, Worker clocks.",
+            id="cleanup.W032",
+        )
+        for whose, offset in found
     ]
 
 

@@ -684,6 +684,22 @@ class Wake(models.Model):
         return f"wake at {self.at}" if self.at else "no wake armed"
 
 
+class WorkerClock(models.Model):
+    """How far one cluster's clock is from the database's (`cleanup.skew`): one row per
+    cluster and machine, written at its start and on each tick. Nothing decides by it:
+    claims and every time that says who may act use the database's clock; a worker's own
+    clock only stamps its log lines."""
+
+    who = models.CharField(max_length=200, unique=True)
+    # Seconds: the worker's clock minus the database's (positive: the worker is ahead).
+    offset_s = models.FloatField()
+    # The database's time of the reading.
+    measured_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.who} {self.offset_s:+.1f} s"
+
+
 class FeedSequence(models.Model):
     """The change feed's one counter: the highest place given so far (`cleanup.feed`).
 

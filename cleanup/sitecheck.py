@@ -8,8 +8,10 @@ once, so it looks fresh for minutes although nothing ever ran it. A tick's resul
 what only a running cluster leaves: its scheduler queues the tick in the schedule's
 group, a worker runs it, and the cluster saves the result with the time it stopped.
 Without a cluster nothing would advance runs or give back what ended runs hold. The
-answer carries no detail beyond ``ok``.
-May import: `tasks` (the schedule's name) and conf.
+answer carries no detail beyond ``ok``, but with ``?detail=1`` for staff, a loopback
+address or the metrics token (`cleanup.metrics.allowed`): then what is wrong, and each
+cluster's clock against the database's (`cleanup.skew`), flagged past 5 s.
+May import: `tasks` (the schedule's name), conf, `skew`, `metrics` (who may read the detail).
 """
 
 import logging
@@ -23,7 +25,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
+from . import skew
 from .conf import setting
+from .metrics import allowed
 from .tasks import SCHEDULE_FUNC, SCHEDULE_NAME
 
 logger = logging.getLogger(__name__)
@@ -72,6 +76,31 @@ def _problem(now: datetime) -> str | None:
 @never_cache
 @require_safe
 def healthz(request: HttpRequest) -> HttpResponse:
-    if healthy():
-        return HttpResponse("ok\n", content_type="text/plain")
-    return HttpResponse("not ok\n", content_type="text/plain", status=503)
+    ok = healthy()
+    body = "ok\n" if ok else "not ok\n"
+    if request.GET.get("detail", "0").lower() not in ("0", "false", "no"):
+        body += detail() if may_read_detail(request) else "detail: for staff, loopback, or the metrics token\n"
+    return HttpResponse(body, content_type="text/plain", status=200 if ok else 503)
+
+
+def may_read_detail(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff) or allowed(request)
+
+
+def detail() -> str:
+    """What ``?detail=1`` adds: whether a cluster ticks, and the clusters' clocks."""
+    try:
+        problem = _problem(timezone.now())
+        clocks = list(skew.readings())
+    except DatabaseError:
+        return "database: does not answer\n"
+    lines = [f"tick: {problem}" if problem else "tick: a cluster finished one recently"]
+    lines.append(
+        "worker clocks (each cluster's clock minus the database's; claims use the database's clock,"
+        f" so an offset moves only log times; flagged past {skew.WARN_S:g} s):"
+    )
+    lines += [f"  {skew.line(reading, stamped=True)}" for reading in clocks] or [
+        f"  none recorded in the last {skew.RECENT.total_seconds() / 3600:g} h"
+    ]
+    return "\n".join(lines) + "\n"

@@ -69,6 +69,7 @@ SCHEDULE_FUNC = TICK
 def tick_task() -> str:
     from .runner import tick
 
+    record_clock()
     line: str = tick(by="tick task").line()
     notice_staff()
     return line
@@ -147,6 +148,24 @@ def wake_when_due() -> None:
         arm_next()
     except Exception:
         logger.exception("could not arm the next wake-up; the minute tick is the backstop")
+
+
+def record_clock(starting: bool = False) -> None:
+    """Record how far this cluster's clock is from the database's (`cleanup.skew`), one
+    statement; never fails the task. Decisions use the database's clock: this only shows it."""
+    from .skew import WARN_S, record
+
+    try:
+        offset = record()
+    except Exception:
+        logger.warning("could not record this worker's clock offset", exc_info=True)
+        return
+    if starting and abs(offset) > WARN_S:
+        logger.warning(
+            "this worker's clock is %+.1f s off the database's: claims use the database's clock, "
+            "so only the times in this worker's log lines are off; keep its clock in time with NTP",
+            offset,
+        )
 
 
 def notice_staff() -> None:
@@ -231,8 +250,11 @@ PRUNE_TASK_BATCHES = 20
 @task
 def prune_task() -> str:
     from .retention import prune
+    from .skew import forget_old
 
-    return prune(max_batches=PRUNE_TASK_BATCHES).line()
+    line: str = prune(max_batches=PRUNE_TASK_BATCHES).line()
+    forget_old()  # the clock readings of clusters gone for a week
+    return line
 
 
 def ensure_schedule(**kwargs: Any) -> "Schedule":
@@ -290,6 +312,7 @@ def on_worker_start(sender: object = None, proc_name: str | None = None, **kwarg
     if proc_name == "MainProcess" or _started_in == os.getpid():
         return
     _started_in = os.getpid()
+    record_clock(starting=True)
     try:
         queue_startup()
     except Exception:

@@ -9,8 +9,9 @@ health row yet: it is listed apart, and marking it down makes its row (through `
 never by hand). Work waiting on a down backend shows why on the ledger and run pages
 (`mark_waiting` in `cleanup.admin.lists`). May import the engine (outages), calls (a
 backend's name), registry, validation, `security` (what its live rows are to the idle clock),
-models, `.lists` and `.livelist`; nothing imports it but the package. Its list stays current as the
-ledger's does (``modulehealth/live/``, read again by ``cleanup/static/cleanup/live.js``).
+`skew` (the clusters' clocks, shown under the list), models, `.lists` and `.livelist`;
+nothing imports it but the package. Its list stays current as the ledger's does
+(``modulehealth/live/``, read again by ``cleanup/static/cleanup/live.js``).
 """
 
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from .. import calls, deadman, outages, registry, validation
+from .. import calls, deadman, outages, registry, skew, validation
 from ..models import UNRESOLVED, ModuleEvent, ModuleHealth, ModuleState, Resource
 from .lists import (
     ONLY_BACKEND,
@@ -139,6 +140,10 @@ class ModuleHealthAdmin(LiveListMixin, BackendColumnMixin, PersonActionsAdmin):
             "can_mark": self.has_cleanup_run_permission(request),
             # The list stays current as the ledger's does (`cleanup.admin.livelist`).
             "live_src": self.live_src(request),
+            # Each cluster's clock against the database's (`cleanup.skew`): decisions use the
+            # database's, so an offset moves only log times; flagged past 5 s.
+            "worker_clocks": [(skew.line(r), abs(r.offset_s) > skew.WARN_S) for r in skew.readings()],
+            "clock_warn_s": skew.WARN_S,
         }
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
