@@ -31,7 +31,7 @@ changed the row logs the change. Every function takes ``backend=""``: a module w
 backend passes nothing.
 A backend marked up resumes its work at once: its held steps are due now, and the
 engine's wake-up (`cleanup.wakeup`) ticks now and again as each bucket of the spread falls due.
-May import: the models, conf, `logs`, `calls`, `registry`, `enqueue`, `validation`, `wakeup`.
+May import: the models, conf, `clock`, `logs`, `calls`, `registry`, `enqueue`, `validation`, `wakeup`.
 Imported by the runner and the pass.
 """
 
@@ -44,9 +44,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Mod
-from django.utils import timezone
 
-from . import calls, registry, rows, validation, wakeup
+from . import calls, clock, registry, rows, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_owed_reconcile
 from .logs import about
@@ -124,7 +123,7 @@ def record(
     counts only when the last one counted was for another key, so one group that hangs
     again and again never marks its backend down; it spends its attempts like any row.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     rows = _rows(module, backend)
     if reason is None:
         rows.filter(failures_in_row__gt=0).update(failures_in_row=0, streak_started_at=None, updated_at=now)
@@ -239,7 +238,7 @@ def mark_down(
     validation.check_actor(by, "by")
     if reason and (problem := validation.clean_text_problem(reason)):
         raise validation.Invalid({"reason": problem})
-    now = now or timezone.now()
+    now = now or clock.now()
     _health(module, backend)
     with transaction.atomic():
         rows.taking(rows.HEALTH)  # the health row, then the rows it forgives
@@ -277,7 +276,7 @@ def mark_up(module: str, *, by: str, backend: str = "", now: datetime | None = N
     engine once the hold's ``until`` has passed. Its waiting rows resume at once, spread
     over ``EVENT_OUTAGE_SPREAD_S``.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic():
         rows.taking(rows.HEALTH)
         health = _rows(module, backend).select_for_update().filter(state=ModuleState.DOWN).first()
@@ -359,14 +358,8 @@ def spread_waiting(module: str, now: datetime, backend: str = "", deferred_until
     moved = 0
     for bucket in range(SPREAD_BUCKETS):
         at = now + timedelta(seconds=spread * bucket / SPREAD_BUCKETS)
-        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at)
-        if deferred_until is not None:
-            due |= Q(next_attempt_at__lte=deferred_until)
-        moved += (
-            waiting.alias(bucket=Mod("group", SPREAD_BUCKETS))
-            .filter(bucket=bucket)
-            .filter(due)
-            .update(next_attempt_at=at)
+        moved += rows.resume_at(
+            waiting.alias(bucket=Mod("group", SPREAD_BUCKETS)).filter(bucket=bucket), at, deferred_until
         )
     return moved
 
@@ -404,7 +397,7 @@ def waiting_on(keys: Iterable[Iterable[str]]) -> dict[tuple[str, str], ModuleHea
 
 def take_probe(module: str, now: datetime | None = None, backend: str = "") -> bool:
     """Claim the next probe of a down backend; True for the one worker that may make it."""
-    now = now or timezone.now()
+    now = now or clock.now()
     return bool(
         _rows(module, backend)
         .filter(state=ModuleState.DOWN, next_probe_at__lte=now)
@@ -441,7 +434,7 @@ def probe(module: str, now: datetime | None = None, backend: str = "") -> str | 
     as any other), or None (not due, or another worker probes). A boot id in the answer
     is noted, so a backend that comes back restarted is reconciled (`note_boot`).
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     if not take_probe(module, now, backend=backend):
         return None
     holder = _rows(module, backend).filter(held=True).first()
@@ -459,7 +452,7 @@ def probe(module: str, now: datetime | None = None, backend: str = "") -> str | 
             note_boot(module, backend, reply.value, now)
         return "down"
     if reply.ok:
-        mark_up(module, backend=backend, by="probe", now=timezone.now())
+        mark_up(module, backend=backend, by="probe", now=clock.now())
         note_boot(module, backend, reply.value, now)
         return "up"
     reason = blame(answer) or reply.error
@@ -476,7 +469,7 @@ def note_boot(module: str, backend: str, boot_id: object, now: datetime | None =
     restart whose boot id is kept is never forgotten, whatever becomes of the queued task.
     Answers True when this worker saw the restart (the conditional UPDATE it won).
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     if not boot_id:
         return False
     health = _health(module, backend)
@@ -500,7 +493,7 @@ def owe_reconcile(module: str, backend: str = "", now: datetime | None = None) -
     (`cleanup.reconcile.pay_owed`); the task queued here, once the transaction commits,
     only hurries it: losing it loses nothing.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     _health(module, backend)
     _rows(module, backend).update(
         restarts_seen=F("restarts_seen") + 1,
@@ -522,7 +515,7 @@ def owed(
     """The backends that owe a reconcile and that no live claim holds, oldest debt first;
     of one module, or one of its backends, when given. A backend that is down keeps its
     debt until it is up: its reconcile would have no answer."""
-    now = now or timezone.now()
+    now = now or clock.now()
     mine = Q() if module is None else Q(module=module) if backend is None else Q(module=module, backend=backend)
     return (
         ModuleHealth.objects.filter(mine, reconcile_owed_since__isnull=False, state=ModuleState.UP)
@@ -538,7 +531,7 @@ def claim_owed(health: ModuleHealth, token: uuid.UUID, now: datetime | None = No
     pays), or None. The claim expires after ``EVENT_CLAIM_TIMEOUT_S``: a ticker that died
     holding it leaves the debt to the next.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     taken = (
         owed(now)
         .filter(pk=health.pk)
@@ -582,7 +575,7 @@ def watch(now: datetime | None = None) -> int:
     answer that blames the backend counts towards its outage like any other; one with a new
     boot id is a restart (`note_boot`). A module without ``health()`` cannot be watched.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     watchable = [m for m in registry.modules() if health_callable(m)[0] is not None]
     if not watchable:
         return 0
@@ -608,7 +601,7 @@ def watch(now: datetime | None = None) -> int:
 
 def probe_due_backends(now: datetime | None = None) -> set[tuple[str, str]]:
     """Probe every down backend whose probe is due; answers the backends whose canary may go."""
-    now = now or timezone.now()
+    now = now or clock.now()
     due = ModuleHealth.objects.down().filter(next_probe_at__lte=now).values_list("module", "backend")
     return {(module, backend) for module, backend in due if probe(module, now, backend=backend) == "canary"}
 
@@ -624,7 +617,7 @@ def outages_past_give_up(now: datetime | None = None) -> list[ModuleHealth]:
     Each is answered once per outage (a conditional UPDATE), with its `ModuleHealth`,
     so that the caller fails its waiting work with the reason.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     limit = now - timedelta(seconds=setting("EVENT_OUTAGE_GIVE_UP_S"))
     given_up = []
     for health in ModuleHealth.objects.down().filter(down_since__lt=limit, gave_up_at__isnull=True):
@@ -670,7 +663,7 @@ def outage_of(module: str | None, now: datetime | None = None, backend: str = ""
     if not module:
         return None
     health: ModuleHealth | None = ModuleHealth.objects.down().filter(module=module, backend=backend).first()
-    if health is None or given_up(health, now or timezone.now()):
+    if health is None or given_up(health, now or clock.now()):
         return None
     return health
 
@@ -681,7 +674,7 @@ def hold(module: str | None, now: datetime | None = None, backend: str = "") -> 
     A down backend is probed here when its probe is due: a probe that finds it up, or a
     canary this caller may make, lets the call through.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     health = outage_of(module, now, backend=backend)
     if health is None or not module:
         return None
@@ -753,10 +746,10 @@ def defer_waiting(module: str, until: datetime | None, run_ids: Iterable[int] | 
     attempt is later, so a down backend's runs take no place in a pass. The probe that
     finds it up brings them back (`spread_waiting`).
     """
-    rows = _waiting(module, backend)
+    waiting = _waiting(module, backend)
     if run_ids is not None:
-        rows = rows.filter(run_id__in=run_ids)
-    return rows.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=until)).update(next_attempt_at=until)
+        waiting = waiting.filter(run_id__in=run_ids)
+    return rows.defer(waiting, until)
 
 
 def waiting_until(module: str | None, now: datetime | None = None, backend: str = "") -> datetime | None:
@@ -764,7 +757,7 @@ def waiting_until(module: str | None, now: datetime | None = None, backend: str 
     health = outage_of(module, now, backend=backend)
     if health is None:
         return None
-    return health.next_probe_at or (now or timezone.now()) + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
+    return health.next_probe_at or (now or clock.now()) + timedelta(seconds=setting("EVENT_OUTAGE_PROBE_S"))
 
 
 def give_up_waiting(health: ModuleHealth, now: datetime | None = None) -> list[int]:
@@ -772,7 +765,7 @@ def give_up_waiting(health: ModuleHealth, now: datetime | None = None) -> list[i
 
     Answers the ids of the runs concerned, whose statuses the caller refreshes.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     waiting = _waiting(health.module, health.backend).filter(rows.in_automatic_sweep())
     run_ids = sorted(set(waiting.values_list("run_id", flat=True).distinct()))
     reason = give_up_text(health)

@@ -13,7 +13,7 @@ the code. A run's ``cleanup_status`` has its own owner, `cleanup.sweep.statuses`
 
 Locks are taken in one order, runs, then health rows, then ledger rows (`LOCK_ORDER`):
 every writer goes through `taking`, which refuses a lock taken out of that order.
-May import: the models, conf, `sql`.
+May import: the models, conf, `sql`, `clock`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from datetime import timedelta
 from typing import Any, cast
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
-from django.utils import timezone
+from django.db.models import Exists, Expression, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Now
 
+from . import clock
 from .conf import claim_timeout_s, setting
 from .models import (
     LEASE_KIND,
@@ -62,21 +63,31 @@ DEAD_CLAIM = "the sweeper that claimed this stopped before it had an answer"
 
 
 # -- predicates ---------------------------------------------------------------------------
-# Each answers a `Q` on the resource table; ``now`` and ``max_attempts`` are the caller's
-# (`conf.max_revert_attempts()`), so a statement compiled once binds them later.
+# Each answers a `Q` on the resource table. ``now`` is the database's clock when it is None
+# (`cleanup.clock`: the statement reads the time itself, so no worker's clock decides who
+# may act on a row, rule 9); a time in hand (a page's, a test's, or the future moment a
+# wake-up asks about) may be given instead. ``max_attempts`` is the caller's
+# (`conf.max_revert_attempts()`), so a statement compiled once binds it later.
+
+# A time a predicate compares with: one in hand, or an expression of the database's clock.
+When = dt.datetime | Expression
 
 
-def claim_expired(now: dt.datetime) -> Q:
+def _at(now: When | None) -> When:
+    return clock.at() if now is None else now
+
+
+def claim_expired(now: When | None = None) -> Q:
     """The row's claim ran out: its sweeper died, or stopped, holding it."""
-    return Q(claim_expires_at__lt=now)
+    return Q(claim_expires_at__lt=_at(now))
 
 
-def claim_live(now: dt.datetime) -> Q:
+def claim_live(now: When | None = None) -> Q:
     """The row's claim still holds: a sweeper works it, or a call past its budget still runs (rule 18)."""
-    return Q(claim_expires_at__gte=now)
+    return Q(claim_expires_at__gte=_at(now))
 
 
-def unclaimed(now: dt.datetime) -> Q:
+def unclaimed(now: When | None = None) -> Q:
     """No claim holds the row: never claimed, let go, or run out."""
     return Q(claim_expires_at__isnull=True) | claim_expired(now)
 
@@ -105,7 +116,7 @@ def _takeover_goes_on(max_attempts: int) -> Q:
     return Q(revert_attempts__lt=max_attempts) | (not_spent() & Q(revert_attempts__lte=max_attempts))
 
 
-def claimable(now: dt.datetime, max_attempts: int) -> Q:
+def claimable(now: When | None, max_attempts: int) -> Q:
     """The automatic sweep may claim the row now (rules 2, 5, 9, 20).
 
     Attempts left, its backoff passed, and no live claim (a failed row still claimed is
@@ -113,13 +124,15 @@ def claimable(now: dt.datetime, max_attempts: int) -> Q:
     and whose takeover goes on (`_takeover_goes_on`).
     """
     fresh = (
-        attempts_left(max_attempts) & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)) & unclaimed(now)
+        attempts_left(max_attempts)
+        & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=_at(now)))
+        & unclaimed(now)
     )
     abandoned = Q(state=ResourceState.REVERTING) & claim_expired(now) & _takeover_goes_on(max_attempts)
     return fresh | abandoned
 
 
-def spent_dead_claim(now: dt.datetime, max_attempts: int) -> Q:
+def spent_dead_claim(now: When | None, max_attempts: int) -> Q:
     """A dead sweeper's claim with no attempt left, whose call started: the next pass
     releases it as ``failed`` (rule 20)."""
     return Q(
@@ -127,7 +140,7 @@ def spent_dead_claim(now: dt.datetime, max_attempts: int) -> Q:
     ) & claim_expired(now)
 
 
-def tried_again(now: dt.datetime, max_attempts: int) -> Q:
+def tried_again(now: When | None, max_attempts: int) -> Q:
     """Will the sweep still try this row (when its run cleans up by itself)?
 
     A row with attempts left; and a row being given back (``reverting``) while its claim
@@ -158,9 +171,9 @@ def suspect() -> Q:
     return Q(state=ResourceState.REVERTING, claim_called=True) & (Q(revert_attempts__gte=2) | Q(claim_shared=True))
 
 
-def backing_off(now: dt.datetime, max_attempts: int) -> Q:
+def backing_off(now: When | None, max_attempts: int) -> Q:
     """The sweep will try the row again, but not before its backoff has passed."""
-    return attempts_left(max_attempts) & Q(next_attempt_at__gt=now)
+    return attempts_left(max_attempts) & Q(next_attempt_at__gt=_at(now))
 
 
 def in_automatic_sweep() -> Q:
@@ -174,7 +187,7 @@ def awaits_sweep(max_attempts: int) -> Q:
     return attempts_left(max_attempts) & in_automatic_sweep()
 
 
-def person_may_act(now: dt.datetime) -> Q:
+def person_may_act(now: When | None = None) -> Q:
     """A person may waive or reset the row: unresolved and not held by a live claim (rules 6, 12)."""
     return Q(state__in=PERSON_STATES) | (Q(state=ResourceState.REVERTING) & claim_expired(now))
 
@@ -184,12 +197,12 @@ def held_by(token: uuid.UUID | str) -> Q:
     return Q(state=ResourceState.REVERTING, claim_token=token)
 
 
-def claimed_by_another(token: uuid.UUID | str, now: dt.datetime) -> Q:
+def claimed_by_another(token: uuid.UUID | str, now: When | None = None) -> Q:
     """A row another claim than ``token`` holds now: its sweeper is giving it back."""
     return Q(state=ResourceState.REVERTING) & claim_live(now) & ~Q(claim_token=token)
 
 
-def held_past_budget(now: dt.datetime) -> Q:
+def held_past_budget(now: When | None = None) -> Q:
     """A failed row whose claim still holds: its call outlived its budget and may still act (rule 18)."""
     return Q(state=ResourceState.FAILED) & claim_live(now)
 
@@ -199,12 +212,12 @@ def _run_cleans_up_by_itself(flag: bool) -> Exists:
     return Exists(Run.objects.filter(pk=OuterRef("run_id"), auto_cleanup=flag))
 
 
-def retrying(now: dt.datetime, max_attempts: int) -> Q:
+def retrying(now: When | None, max_attempts: int) -> Q:
     """Unresolved rows of ended runs the automatic sweep will still try."""
     return Q(_run_cleans_up_by_itself(True)) & tried_again(now, max_attempts)
 
 
-def waiting_for_person(now: dt.datetime, max_attempts: int) -> Q:
+def waiting_for_person(now: When | None, max_attempts: int) -> Q:
     """Unresolved rows of ended runs the sweep will not try again: a person retries or waives them.
 
     Exactly what `retrying` leaves out, written without negating the run's flag: a run left
@@ -213,7 +226,7 @@ def waiting_for_person(now: dt.datetime, max_attempts: int) -> Q:
     return Q(_run_cleans_up_by_itself(False)) | ~tried_again(now, max_attempts)
 
 
-def gave_up(now: dt.datetime, max_attempts: int) -> Q:
+def gave_up(now: When | None, max_attempts: int) -> Q:
     """Unresolved rows of ended runs in the automatic sweep that it will not try again (at
     the ceiling, not retryable, drifted): the cleanup gave up on them, a person decides."""
     return Q(_run_cleans_up_by_itself(True)) & ~tried_again(now, max_attempts)
@@ -260,20 +273,27 @@ def ended_unresolved(rows: QuerySet[Resource] | None = None) -> QuerySet[Resourc
 _LOOKUPS = frozenset({"exact", "in", "lt", "lte", "gt", "gte", "isnull"})
 
 
-def holds(row: Any, condition: Q) -> bool:
+def holds(row: Any, condition: Q, now: dt.datetime | None = None) -> bool:
     """Does ``row`` (a `Resource`, its run selected with it where the `Q` reads the run)
-    match ``condition``? The same answer the database gives, from the values in hand."""
-    results = (_child(row, child) for child in condition.children)
+    match ``condition``? The same answer the database gives, from the values in hand.
+
+    A predicate on the database's clock (``now`` left None) needs the time in hand: ``now``,
+    read from the database (`clock.now`) where the answer decides anything."""
+    results = (_child(row, child, now) for child in condition.children)
     matched = all(results) if condition.connector == Q.AND else any(results)
     return not matched if condition.negated else matched
 
 
-def _child(row: Any, child: Any) -> bool:
+def _child(row: Any, child: Any, now: dt.datetime | None) -> bool:
     if isinstance(child, Q):
-        return holds(row, child)
+        return holds(row, child, now)
     if not isinstance(child, tuple):
         raise TypeError(f"holds() reads field lookups only, not {child!r}")
     path, expected = child
+    if isinstance(expected, Now):
+        if now is None:
+            raise TypeError("holds() needs the time in hand for a predicate on the database's clock")
+        expected = now
     parts = path.split("__")
     lookup = parts.pop() if parts[-1] in _LOOKUPS and len(parts) > 1 else "exact"
     value = row
@@ -307,13 +327,14 @@ def attempts_left_of(row: Any, max_attempts: int) -> int:
     return max(0, max_attempts - int(row.revert_attempts))
 
 
-def backoff_until(attempts: int, now: dt.datetime, max_attempts: int) -> dt.datetime | None:
-    """When a row that failed at attempt ``attempts`` is tried again: a backoff that doubles
-    with each attempt (rule 5); never once it has no attempt left (a person's retry clears it)."""
+def backoff(attempts: int, max_attempts: int) -> timedelta | None:
+    """How long after its failure a row that failed at attempt ``attempts`` is tried again:
+    a backoff that doubles with each attempt (rule 5); never once it has no attempt left (a
+    person's retry clears it). Counted from the verdict's write, on the database's clock."""
     if attempts >= max_attempts:
         return None
     seconds = setting("EVENT_REVERT_BACKOFF_S") * 2 ** max(0, attempts - 1)
-    return now + min(timedelta(seconds=seconds), LONGEST_BACKOFF)
+    return min(timedelta(seconds=seconds), LONGEST_BACKOFF)
 
 
 # -- a row's history -------------------------------------------------------------------------
@@ -495,13 +516,12 @@ CLAIMED_COLUMNS = (
 )
 
 
-def claiming(
-    where: str, where_params: Sequence[Any], token: uuid.UUID, now: dt.datetime, called_together: str
-) -> Statement:
+def claiming(where: str, where_params: Sequence[Any], token: uuid.UUID, called_together: str) -> Statement:
     """The claim (rule 9), as a statement (SQL, params) that the pass sends as a part of its
     claim (`cleanup.sweep.statements.claim`, which chooses the groups in the same statement):
-    the rows ``where`` selects become ``reverting``, stamped with ``token`` and an expiry, one
-    attempt counted (rule 5); it answers `CLAIMED_COLUMNS` of each row taken.
+    the rows ``where`` selects become ``reverting``, stamped with ``token`` and an expiry on
+    the database's clock (`cleanup.clock`), one attempt counted (rule 5); it answers
+    `CLAIMED_COLUMNS` of each row taken.
 
     Taking over an abandoned claim counts another attempt and keeps the one the dead
     sweeper spent if its call had started; a claim that died before its call gives its
@@ -514,16 +534,17 @@ def claiming(
     group is next called alone (rule 20).
     """
     meta = Resource._meta
-    values: dict[str, Any] = {
-        "state": ResourceState.REVERTING.value,
-        "claim_token": token,
-        "claim_expires_at": now + timedelta(seconds=claim_timeout_s()),
-        "updated_at": now,
-    }
+    values: dict[str, Any] = {"state": ResourceState.REVERTING.value, "claim_token": token}
     quote = connection.ops.quote_name
-    fields = {name: field_of(Resource, name) for name in (*values, "claim_called", "claim_shared")}
+    names = (*values, "claim_expires_at", "updated_at", "claim_called", "claim_shared")
+    fields = {name: field_of(Resource, name) for name in names}
     sets = [f"{quote(column_of(fields[n]))} = %s" for n in values]
     params = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    sets += [
+        f"{quote(column_of(fields['claim_expires_at']))} = {clock.sql_after()}",
+        f"{quote(column_of(fields['updated_at']))} = {clock.SQL}",
+    ]
+    params.append(float(claim_timeout_s()))
     sets += [f"{quote(column_of(fields[name]))} = {called_together}" for name in ("claim_called", "claim_shared")]
     sql = (
         f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)}, revert_attempts = revert_attempts + {_SPENT} "
@@ -576,30 +597,33 @@ PREVIOUS_STATE = _Derived(
 ATTEMPT_GIVEN_BACK = _Derived("ATTEMPT_GIVEN_BACK", "r.revert_attempts - 1")
 _DERIVED = {"state": PREVIOUS_STATE, "revert_attempts": ATTEMPT_GIVEN_BACK}
 
-Verdict = dict[str, Any]  # a transition's columns, staged by the pass and written by `write_verdicts`
+# A transition's columns, staged by the pass and written by `write_verdicts`. Its times
+# (`VERDICT_TIMES`) are delays after the write, on the database's clock: a timedelta, or
+# None for no time at all.
+Verdict = dict[str, Any]
 _LET_GO: Verdict = {"claim_token": None, "claim_expires_at": None}
+AT_WRITE = timedelta(0)  # the moment the verdict is written
 
 
-def _claim_after(keep_until: dt.datetime | None) -> Verdict:
-    """A claim let go, or, while the call still runs past its budget, kept until then (rule 18)."""
-    return _LET_GO if keep_until is None else {"claim_expires_at": keep_until}
+def _claim_after(keep_for: timedelta | None) -> Verdict:
+    """A claim let go, or, while the call still runs past its budget, kept for ``keep_for``
+    after the write (rule 18)."""
+    return _LET_GO if keep_for is None else {"claim_expires_at": keep_for}
 
 
-def given_back(now: dt.datetime) -> Verdict:
+def given_back() -> Verdict:
     """The module gave the row back: ``reverted``, resolved (rule 4)."""
-    return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": now, **_LET_GO}
+    return {"state": ResourceState.REVERTED, "last_error": "", "resolved_at": AT_WRITE, **_LET_GO}
 
 
-def fail(
-    error: str, attempts: int, now: dt.datetime, max_attempts: int, keep_until: dt.datetime | None = None
-) -> Verdict:
+def fail(error: str, attempts: int, max_attempts: int, keep_for: timedelta | None = None) -> Verdict:
     """A retryable failure: ``failed``, tried again after its backoff while it has attempts
     left (rule 5)."""
     return {
         "state": ResourceState.FAILED,
         "last_error": error,
-        "next_attempt_at": backoff_until(attempts, now, max_attempts),
-        **_claim_after(keep_until),
+        "next_attempt_at": backoff(attempts, max_attempts),
+        **_claim_after(keep_for),
     }
 
 
@@ -613,15 +637,15 @@ def drift(error: str) -> Verdict:
     return {"state": ResourceState.DRIFTED, "last_error": error, **_LET_GO}
 
 
-def wait(error: str, until: dt.datetime, keep_until: dt.datetime | None = None) -> Verdict:
+def wait(error: str, waits: timedelta, keep_for: timedelta | None = None) -> Verdict:
     """The answer blamed a backend that is down: the attempt is given back and the row
-    waits for the backend, ``failed`` until its next probe (rule 21)."""
+    waits for the backend, ``failed`` until its next probe, ``waits`` after the write (rule 21)."""
     return {
         "state": ResourceState.FAILED,
         "revert_attempts": ATTEMPT_GIVEN_BACK,
         "last_error": error,
-        "next_attempt_at": until,
-        **_claim_after(keep_until),
+        "next_attempt_at": waits,
+        **_claim_after(keep_for),
     }
 
 
@@ -648,13 +672,14 @@ VERDICT_COLUMNS = (
     "claim_token",
     "claim_expires_at",
 )
+# A verdict's times: delays after its write, on the database's clock (`Verdict`).
+VERDICT_TIMES = ("resolved_at", "next_attempt_at", "claim_expires_at")
 
 
 def write_verdicts(
     token: uuid.UUID,
     by_step: Mapping[int, Verdict],
     by_row: Mapping[int, Verdict],
-    now: dt.datetime,
     attempts: Sequence[AttemptRecord] = (),
     by: str = "",
 ) -> set[int]:
@@ -694,7 +719,11 @@ def write_verdicts(
     names = [*VERDICT_COLUMNS, *sorted({c for v in verdicts for c in v} - set(VERDICT_COLUMNS))]
     marked = [{c: SPECIAL if isinstance(v, _Derived) else v for c, v in verdict.items()} for verdict in verdicts]
     shared_sql, shared_params, sets = shared_values(
-        Resource, marked, names, {column: derived.sql for column, derived in _DERIVED.items()}
+        Resource,
+        marked,
+        names,
+        {column: derived.sql for column, derived in _DERIVED.items()},
+        offsets=dict.fromkeys(VERDICT_TIMES, clock.SQL),
     )
     quote = connection.ops.quote_name
     table = quote(Resource._meta.db_table)
@@ -710,18 +739,18 @@ def write_verdicts(
     for i, (column, fence) in enumerate((("step_id", f" AND NOT (r.kind = '{LEASE_KIND}')"), ("id", ""))):
         parts.append(
             f"k{i} AS MATERIALIZED (SELECT * FROM unnest(%s::bigint[], %s::integer[]) AS k(id, n)), "
-            f"w{i} AS (UPDATE {table} AS r SET {', '.join(sets)}, {updated} = %s "
+            f"w{i} AS (UPDATE {table} AS r SET {', '.join(sets)}, {updated} = {clock.SQL} "
             f"FROM k{i} AS k, d "
             f"WHERE r.{quote(column)} = k.id AND {held}{fence} RETURNING r.id)"
         )
-        params += [*keyed[i], now, token_param, ResourceState.REVERTING.value]
+        params += [*keyed[i], token_param, ResourceState.REVERTING.value]
     written = "SELECT id FROM w0 UNION ALL SELECT id FROM w1"
-    recording, recording_params = _recording(attempts, now, by, written)
+    recording, recording_params = _recording(attempts, by, written)
     sql = f"WITH d AS ({shared_sql}), {', '.join(parts)}, w2 AS ({recording}) {written}"
     return {pk for (pk,) in fetch_prepared(sql, [*params, *recording_params])}
 
 
-def _recording(attempts: Sequence[AttemptRecord], now: dt.datetime, by: str, written: str) -> Statement:
+def _recording(attempts: Sequence[AttemptRecord], by: str, written: str) -> Statement:
     """The INSERT of ``attempts`` into the attempt history, for the rows ``written`` selects."""
     meta, quote = Attempt._meta, connection.ops.quote_name
     names = ("resource", "run", "number", "outcome", "error")
@@ -729,34 +758,35 @@ def _recording(attempts: Sequence[AttemptRecord], now: dt.datetime, by: str, wri
     columns = ", ".join(quote(column_of(field_of(Attempt, name))) for name in (*names, "at", "by"))
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({columns}) "
-        f"SELECT a.*, %s::timestamptz, %s FROM unnest({', '.join(f'%s::{t}' for t in types)}) "
+        f"SELECT a.*, {clock.SQL}, %s FROM unnest({', '.join(f'%s::{t}' for t in types)}) "
         f"AS a(resource_id, run_id, number, outcome, error) WHERE a.resource_id IN ({written})"
     )
     arrays = [list(values) for values in zip(*attempts, strict=True)] or [[] for _ in names]
-    return sql, [now, by or "", *arrays]
+    return sql, [by or "", *arrays]
 
 
-def release_spent_claims(now: dt.datetime, max_attempts: int) -> list[Resource]:
+def release_spent_claims(max_attempts: int) -> list[Resource]:
     """Rule 20: dead claims at the ceiling whose call started become ``failed``, with the
     reason; answers the rows released (their ``id``, ``run_id``, ``kind``, ``ref``,
     ``revert_attempts``). The caller's transaction locked their runs first."""
-    spent = lock(Resource.objects.filter(spent_dead_claim(now, max_attempts)))
+    spent = lock(Resource.objects.filter(spent_dead_claim(None, max_attempts)))
     rows = list(spent.order_by("id").only("id", "run_id", "kind", "ref", "revert_attempts"))
     Resource.objects.filter(pk__in=[r.pk for r in rows]).update(
-        state=ResourceState.FAILED, last_error=DEAD_CLAIM, updated_at=now, **_LET_GO
+        state=ResourceState.FAILED, last_error=DEAD_CLAIM, updated_at=clock.at(), **_LET_GO
     )
     return rows
 
 
-def runs_with_spent_claims(now: dt.datetime, max_attempts: int) -> set[int]:
+def runs_with_spent_claims(max_attempts: int) -> set[int]:
     """The runs of the rows `release_spent_claims` would release now (to lock them first)."""
-    return set(Resource.objects.filter(spent_dead_claim(now, max_attempts)).values_list("run_id", flat=True))
+    return set(Resource.objects.filter(spent_dead_claim(None, max_attempts)).values_list("run_id", flat=True))
 
 
-def keep_claims(condition: Q, until: dt.datetime) -> int:
-    """Calls still running past their budget: their rows stay claimed until ``until`` (rule 18)."""
+def keep_claims(condition: Q, keep_for: timedelta) -> int:
+    """Calls still running past their budget: their rows stay claimed for ``keep_for`` more,
+    on the database's clock (rule 18)."""
     taking(LEDGER)
-    return Resource.objects.filter(condition, state=ResourceState.FAILED).update(claim_expires_at=until)
+    return Resource.objects.filter(condition, state=ResourceState.FAILED).update(claim_expires_at=clock.after(keep_for))
 
 
 def let_go_claims(condition: Q) -> int:
@@ -765,12 +795,12 @@ def let_go_claims(condition: Q) -> int:
     return Resource.objects.filter(condition, state=ResourceState.FAILED).update(**_LET_GO)
 
 
-def hand_down(token: uuid.UUID, pk: int, now: dt.datetime) -> bool:
+def hand_down(token: uuid.UUID, pk: int) -> bool:
     """A lease that handed its baseline down is ``reverted``, if its claim still holds it
     (rule 13); answers whether it did."""
     return bool(
         lock(Resource.objects.filter(held_by(token), pk=pk)).update(
-            state=ResourceState.REVERTED, last_error="", resolved_at=now, updated_at=now, **_LET_GO
+            state=ResourceState.REVERTED, last_error="", resolved_at=clock.at(), updated_at=clock.at(), **_LET_GO
         )
     )
 
@@ -806,6 +836,26 @@ def forgive(chosen: Q, spent: Subquery) -> int:
     )
 
 
+def defer(waiting: QuerySet[Resource], until: dt.datetime | None) -> int:
+    """Rule 21: the ``waiting`` rows of a backend that is down leave the sweep until
+    ``until`` (its next probe, a time on the database's clock), unless their own backoff
+    ends later: the finder and the claim pass over them meanwhile."""
+    taking(LEDGER)
+    return waiting.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=until)).update(next_attempt_at=until)
+
+
+def resume_at(waiting: QuerySet[Resource], at: dt.datetime, deferred_until: dt.datetime | None = None) -> int:
+    """Rule 21: a backend is up again, and its ``waiting`` rows are due at ``at`` (a bucket of
+    the spread, on the database's clock). A row whose own backoff ends later keeps it; a
+    row the outage deferred to its probe due at ``deferred_until``, or before, does not
+    wait for that probe any more."""
+    taking(LEDGER)
+    due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at)
+    if deferred_until is not None:
+        due |= Q(next_attempt_at__lte=deferred_until)
+    return waiting.filter(due).update(next_attempt_at=at)
+
+
 def give_up(rows: QuerySet[Resource], reason: str, now: dt.datetime) -> int:
     """Rule 23: waiting rows of an outage past its bound fail for good, with the reason."""
     taking(LEDGER)
@@ -814,10 +864,10 @@ def give_up(rows: QuerySet[Resource], reason: str, now: dt.datetime) -> int:
     )
 
 
-def hurry(rows: QuerySet[Resource], now: dt.datetime, max_attempts: int) -> int:
+def hurry(rows: QuerySet[Resource], max_attempts: int) -> int:
     """A person's "now": rows waiting out a backoff are claimable at once; their counters stay."""
     taking(LEDGER)
-    return rows.filter(backing_off(now, max_attempts)).update(next_attempt_at=None, updated_at=now)
+    return rows.filter(backing_off(None, max_attempts)).update(next_attempt_at=None, updated_at=clock.at())
 
 
 # -- transitions: people and reconcile ------------------------------------------------------
@@ -838,7 +888,7 @@ def _resolve_logged(
     sweeper claimed meanwhile no longer matches). Answers the rows resolved. An ``error``
     of None keeps each row's last error; ``also`` sets more fields.
     """
-    now = timezone.now()
+    now = clock.now()
     fields = {} if error is None else {"last_error": error}
     with transaction.atomic():
         locked = list(lock(rows.filter(condition)).order_by("id"))
@@ -868,7 +918,7 @@ def orphan(rows: QuerySet[Resource], reason: str, **detail: Any) -> list[Resourc
 def orphan_failed(rows: QuerySet[Resource], reason: str, **detail: Any) -> list[Resource]:
     """Rule 14: after a restart, ``failed`` rows the module says are no longer in the world
     are ``orphaned`` too, each logged; a row a live claim holds stays as it is."""
-    condition = Q(state=ResourceState.FAILED) & unclaimed(timezone.now())
+    condition = Q(state=ResourceState.FAILED) & unclaimed()
     return _resolve_logged(rows, condition, ResourceState.ORPHANED, reason, LogKind.RESOURCE_ORPHANED, **detail)
 
 
@@ -878,7 +928,7 @@ def waive(rows: QuerySet[Resource], reason: str, actor: str, now: dt.datetime, *
     also = {"waived_reason": reason, "waived_by": actor or "", "waived_at": now, "next_attempt_at": None}
     return _resolve_logged(
         rows,
-        person_may_act(now),
+        person_may_act(),
         ResourceState.WAIVED,
         None,
         LogKind.RESOURCE_WAIVED,
@@ -896,7 +946,7 @@ def reset_for_person(run_id: int, now: dt.datetime) -> int:
     every count of them is (`counted_unresolved`: a step's placeholder reset beside its
     resources is not one more), so the log and the person's message say what the page said.
     The caller locked the run first (`LOCK_ORDER`)."""
-    rows = Resource.objects.filter(person_may_act(now), run_id=run_id)
+    rows = Resource.objects.filter(person_may_act(), run_id=run_id)
     ids = list(lock(rows).values_list("id", flat=True))
     Resource.objects.filter(pk__in=ids, state=ResourceState.DRIFTED).update(state=ResourceState.LIVE)
     reset = Resource.objects.filter(pk__in=ids)

@@ -153,20 +153,29 @@ Statement = tuple[str, list[Any]]  # SQL and its params
 
 
 def inserting_json(
-    model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], fixed: Mapping[str, Any] | None = None
+    model: type[Model],
+    names: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    fixed: Mapping[str, Any] | None = None,
+    fixed_sql: Mapping[str, str] | None = None,
 ) -> Statement:
     """`inserting`, for rows of plain JSON values (numbers, strings, JSON fields' dicts): the
     rows travel as one JSON document, which the driver sends as it is, however many rows
     and whatever their text (an array of text needs each element quoted and escaped).
-    ``fixed`` gives some fields one value for every row."""
+    ``fixed`` gives some fields one value for every row; ``fixed_sql`` one SQL expression
+    (the database's clock, say)."""
     fixed = fixed or {}
+    fixed_sql = fixed_sql or {}
     meta, quote = model._meta, connection.ops.quote_name
     fields = [field_of(model, name) for name in names]
     fixed_fields = [field_of(model, name) for name in fixed]
+    sql_fields = [field_of(model, name) for name in fixed_sql]
     record = ", ".join(f"{quote(column_of(f))} {f.db_type(connection)}" for f in fields)
     picked = [f"x.{quote(column_of(f))}" for f in fields] + [f"%s::{f.db_type(connection)}" for f in fixed_fields]
+    picked += list(fixed_sql.values())
+    written = (*fields, *fixed_fields, *sql_fields)
     sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(column_of(f)) for f in (*fields, *fixed_fields))}) "
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(column_of(f)) for f in written)}) "
         f"SELECT {', '.join(picked)} FROM jsonb_to_recordset(%s::jsonb) AS x({record})"
     )
     columns = [column_of(f) for f in fields]
@@ -197,6 +206,7 @@ def shared_values(
     values: Sequence[Mapping[str, Any]],
     names: Sequence[str],
     expressions: Mapping[str, str] | None = None,
+    offsets: Mapping[str, str] | None = None,
 ) -> tuple[str, list[Any], list[str]]:
     """Sets of new values written once each and shared by every row that takes one: a row
     names its set by its number (from 1, in ``values``), so a thousand rows given back
@@ -209,25 +219,36 @@ def shared_values(
     field of ``names``, which leaves a field the set does not name as it was (with ``r`` the
     row as it was; an expression's ``{v}`` is the value's place). ``names`` is fixed by the
     caller, so that the statement is the same whichever sets a write holds.
+
+    ``offsets`` names the fields whose values are intervals (timedeltas, or None) after a
+    time the statement reads itself: each maps to that time's SQL (the database's clock),
+    and the field is set to it plus the interval (None stays NULL).
     """
     expressions = expressions or {}
+    offsets = offsets or {}
     quote = connection.ops.quote_name
     columns, params, sets = [], [], []
     for i, name in enumerate(names):
         field = field_of(model, name)
         column = quote(column_of(field))
         given = [value.get(name, _KEEP) for value in values]
-        params += [
-            [None if v is _KEEP or v is SPECIAL else _plain(field.get_db_prep_save(v, connection)) for v in given],
-            [v is not _KEEP and v is not SPECIAL for v in given],
-        ]
-        columns += [f"%s::{field.db_type(connection)}[] AS v{i}", f"%s::boolean[] AS set{i}"]
+        if name in offsets:
+            prepared = [None if v is _KEEP or v is SPECIAL else v for v in given]
+            kind = "interval"
+        else:
+            prepared = [
+                None if v is _KEEP or v is SPECIAL else _plain(field.get_db_prep_save(v, connection)) for v in given
+            ]
+            kind = str(field.db_type(connection))
+        params += [prepared, [v is not _KEEP and v is not SPECIAL for v in given]]
+        columns += [f"%s::{kind}[] AS v{i}", f"%s::boolean[] AS set{i}"]
         derived = ""
         if name in expressions:
             params.append([v is SPECIAL for v in given])
             columns.append(f"%s::boolean[] AS special{i}")
             derived = f"WHEN d.special{i}[k.n] THEN {expressions[name].format(v=f'd.v{i}[k.n]')} "
-        sets.append(f"{column} = CASE {derived}WHEN d.set{i}[k.n] THEN d.v{i}[k.n] ELSE r.{column} END")
+        value = f"({offsets[name]} + d.v{i}[k.n])" if name in offsets else f"d.v{i}[k.n]"
+        sets.append(f"{column} = CASE {derived}WHEN d.set{i}[k.n] THEN {value} ELSE r.{column} END")
     return f"SELECT {', '.join(columns)}", params, sets
 
 

@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 from psycopg import sql as psql
 
 from cleanup.models import Resource, ResourceState
@@ -47,7 +46,6 @@ def claim_sent(run_ids, monkeypatch):
     statements.claim(
         run_ids,
         uuid.uuid4(),
-        timezone.now(),
         CEILING,
         skip_locked=True,
         limit=RUNS_PER_CLAIM,

@@ -3,7 +3,6 @@ PostgreSQL: planned once per connection, not at every pass."""
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from cleanup import sql
 from cleanup.sweep import runs_needing_cleanup, statements
@@ -20,10 +19,10 @@ def prepared():
 def test_the_finder_is_prepared_once_and_runs_on_a_generic_plan():
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
-    runs_needing_cleanup(timezone.now(), 20)  # prepared now, if an earlier test has not
+    runs_needing_cleanup(20)  # prepared now, if an earlier test has not
     before = [row for row in prepared() if "WITH RECURSIVE owing" in row[0]]
 
-    answers = [runs_needing_cleanup(timezone.now(), 20) for _ in range(3)]
+    answers = [runs_needing_cleanup(20) for _ in range(3)]
 
     assert answers == [[run.pk]] * 3
     after = [row for row in prepared() if "WITH RECURSIVE owing" in row[0]]
@@ -37,7 +36,7 @@ def test_a_site_behind_a_transaction_pooler_prepares_nothing(monkeypatch):
     run = make_run()
     make_rows(make_step(run), ["orc-1"])
 
-    assert runs_needing_cleanup(timezone.now(), 20) == [run.pk]
+    assert runs_needing_cleanup(20) == [run.pk]
     assert not [row for row in prepared() if "WITH RECURSIVE owing" in row[0]]
 
 
@@ -100,7 +99,7 @@ def test_the_finders_generic_plan_walks_the_index_of_owing_rows():
         cursor.execute("ANALYZE cleanup_resource")
 
     sql, params = statements.finder(connection.alias, 3)
-    values = [*statements.bind(params, timezone.now()), 20]
+    values = [*params, 20]
     numbered = iter(range(1, len(values) + 1))
     text = re.sub("%s", lambda _: f"${next(numbered)}", sql)
     raw = connection.connection

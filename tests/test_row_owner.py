@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cleanup import rows
+from cleanup import clock, rows
 from cleanup.models import Resource, ResourceState, RunStatus
 from cleanup.sweep import statements, statuses
 from tests.fakes import make_rows, make_run, make_step
@@ -25,7 +25,16 @@ ROW_OWNER = APP / "rows.py"
 STATUS_OWNER = APP / "sweep" / "statuses.py"
 
 # A ledger row's columns only its owner writes.
-ROW_FIELDS = {"state", "revert_attempts", "claim_token", "claim_expires_at", "claim_called"}
+ROW_FIELDS = {
+    "state",
+    "revert_attempts",
+    "next_attempt_at",
+    "retryable",
+    "claim_token",
+    "claim_expires_at",
+    "claim_called",
+    "claim_shared",
+}
 # Columns whose comparison is a predicate of the row (the claim's expiry, the attempt ceiling).
 PREDICATE_FIELDS = {"claim_expires_at", "revert_attempts"}
 COMPARING = {"lt", "lte", "gt", "gte"}
@@ -35,7 +44,8 @@ OTHER_MODELS = {"Run", "ModuleHealth", "Step", "Wake", "Alert", "IdempotencyKey"
 OTHER_STATES = {"ModuleState", "StepStatus", "RunStatus"}
 WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_update"}
 SQL_SET = re.compile(
-    r"\bSET\b[^;]*?\b(state|revert_attempts|claim_token|claim_expires_at|claim_called|cleanup_status)\s*=", re.I | re.S
+    r"\bSET\b[^;]*?\b(state|revert_attempts|next_attempt_at|retryable|claim_token|claim_expires_at|claim_called|claim_shared|cleanup_status)\s*=",
+    re.I | re.S,
 )
 
 
@@ -65,15 +75,32 @@ def _strings(node):
     return None
 
 
+def _other_model_names(scope):
+    """The names a function binds to querysets of models other than the ledger's."""
+    named = set()
+    for _ in range(3):  # a name bound to another such name, a few links deep
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and _root(node.value) in OTHER_MODELS | named:
+                named |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return named
+
+
 def offences(source, path="<code>", *, owns_rows=False, owns_status=False):
     """Each ``(path:line, what)`` in ``source`` that writes a row's state, attempts or claim,
     or a run's cleanup status, or restates a predicate of a row."""
     tree = ast.parse(source)
     others = set()  # nodes under a chain that starts at another model
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and (_root(node) in OTHER_MODELS or _called(node) == "CheckConstraint"):
-            # A CHECK constraint bounds the column in the schema: it is no predicate of a row.
-            others.update(id(n) for n in ast.walk(node))
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for scope in [tree, *functions]:
+        # A name bound, in one function, to a chain that starts at another model (``held =
+        # Step.objects.filter(...)``) starts another model's chain too.
+        named = set() if scope is tree else _other_model_names(scope)
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and (
+                _root(node) in OTHER_MODELS | named or _called(node) == "CheckConstraint"
+            ):
+                # A CHECK constraint bounds the column in the schema: it is no predicate of a row.
+                others.update(id(n) for n in ast.walk(node))
     found = []
 
     def offend(node, what):
@@ -198,12 +225,17 @@ def test_the_reading_leaves_other_models_and_plain_reads_alone(code):
 
 
 def test_the_owner_stands_on_the_models_alone_and_everyone_reads_it_not_the_admin():
-    """`rows` imports the models, conf and `sql` only, so every part may ask it; `metrics`
+    """`rows` imports the models, conf, `sql` and `clock` only, so every part may ask it; `metrics`
     reads what waits for a person from it, never from the admin (a surface)."""
     from tests.test_architecture import imports_of, sources
 
     known = sources()
-    assert imports_of("cleanup.rows", known["cleanup.rows"], known) == {"cleanup.models", "cleanup.conf", "cleanup.sql"}
+    assert imports_of("cleanup.rows", known["cleanup.rows"], known) == {
+        "cleanup.models",
+        "cleanup.conf",
+        "cleanup.sql",
+        "cleanup.clock",
+    }
     metrics = imports_of("cleanup.metrics", known["cleanup.metrics"], known)
     assert "cleanup.rows" in metrics
     assert not {m for m in metrics if m.startswith(("cleanup.admin", "cleanup.api"))}
@@ -287,12 +319,16 @@ def test_each_predicate_answers_the_same_in_the_database_and_for_a_row_in_hand(e
 def test_the_passes_prepared_sql_claims_exactly_the_rows_the_predicate_names(every_row):
     now, made = every_row
     where, params = statements.claimable(connection.alias, CEILING)
+    assert clock.SQL in where, "the claim reads its own clock, the database's"
     table = statements.names()[0]
     found = statements.fetch_prepared(
-        f"SELECT {table}.id FROM {table} WHERE {table}.id = ANY(%s) AND {where}",
-        [[r.pk for r in made], *statements.bind(params, now)],
+        f"SELECT {table}.id, {clock.SQL} FROM {table} WHERE {table}.id = ANY(%s) AND {where}",
+        [[r.pk for r in made], *params],
     )
-    assert {pk for (pk,) in found} == {r.pk for r in made if rows.holds(r, rows.claimable(now, CEILING))}
+    (database_now,) = {at for (_pk, at) in found}
+    assert abs((database_now - now).total_seconds()) < 30, "the rows' times are set around the database's now"
+    named = {r.pk for r in made if rows.holds(r, rows.claimable(None, CEILING), database_now)}
+    assert {pk for (pk, _at) in found} == named
 
 
 @pytest.mark.django_db

@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from .. import counters, outages
+from .. import clock, counters, outages
 from ..conf import setting
 from ..models import Run
-from . import claims, dispatch, statuses, verdicts
+from . import claims, dispatch, reconnect, statuses, verdicts
 from .claims import runs_needing_cleanup
 from .dispatch import past
 from .statuses import refresh_cleanup_status, reset_for_person
@@ -150,29 +150,40 @@ def run_batch(
         # Rule 13: each lease's verdict is written before the next lease on its target
         # is worked.
         called.append(dispatch.call_lease(group, batch.token, deadline))
-        _write(verdicts.write_now, batch.token, called[-1:], summaries, by)
-    # A claim of several groups marked them called together; a group claimed alone is
-    # marked just before its call (rule 20).
-    rest = dispatch.call_groups(batch.others(), deadline, health, None if batch.called_together else batch.token)
-    _write(verdicts.write, batch, rest, by, summaries)
+        _write(batch, verdicts.write_now, batch.token, called[-1:], summaries, by)
+
+    def answered(some: list[dispatch.Called]) -> None:
+        # Written as they answer, while the batch's other calls run: a sweeper killed
+        # mid-batch gives back again only what was in flight (rule 9's fence still decides).
+        _write(batch, verdicts.write_now, batch.token, some, summaries, by)
+        called.extend(some)
+
+    # A claim of several groups marked them called together; a group claimed alone, or a
+    # suspect, is marked just before its call (rule 20).
+    rest = dispatch.call_groups(
+        batch.others(),
+        deadline,
+        health,
+        None if batch.called_together else batch.token,
+        alone=batch.alone,
+        answered=answered,
+        held_until=batch.held_until,
+    )
+    _write(batch, verdicts.write, batch, rest, by, summaries)
     called += rest
     dispatch.hold_overdue(batch.token, called)
     return summaries, batch.work_left or any(c.verdict is None and not c.handed_down for c in called)
 
 
-def _write(writer: Callable[..., _T], *args: Any) -> _T:
-    """Write verdicts, once more on a fresh connection if the first attempt lost it.
+def _write(batch: claims.Batch, writer: Callable[..., _T], *args: Any) -> _T:
+    """Write verdicts, again on a new connection while the database is lost and the claim
+    holds (`reconnect`).
 
     The write is fenced by the claim, so writing it twice changes nothing; without a
     verdict the rows would wait for their claim to expire and spend another attempt
     (rule 27).
     """
-    try:
-        return writer(*args)
-    except DatabaseError:
-        logger.exception("writing verdicts failed; trying once more")
-        connection.close()
-        return writer(*args)
+    return reconnect.retried(writer, *args, until=batch.held_until, what="writing verdicts")
 
 
 @dataclass
@@ -207,24 +218,41 @@ def sweep(by: str = "sweep", deadline: dt.datetime | None = None, ahead: Ahead |
     (runs per batch, groups per run, the time budget) with work left: the caller queues
     the next pass at once, and the schedule is only the backstop. ``ahead`` (an `Ahead`)
     is called as soon as the pass knows it will leave work behind, before its module calls.
+
+    A lost database connection at any statement is retried on a new one (`reconnect`); a
+    pass whose database stays away ends quietly with ``work_left``, never with an error.
     """
-    now = timezone.now()
+    try:
+        return _pass(by, deadline, ahead)
+    except DatabaseError as error:
+        if not reconnect.lost(error):
+            raise
+        # Logged once for the outage by `reconnect`; the next pass tries again.
+        connection.close()
+        return SweepResult(summary=Summary(), work_left=True)
+
+
+def _pass(by: str, deadline: dt.datetime | None, ahead: Ahead | None) -> SweepResult:
     result = SweepResult(summary=Summary())
     batch = setting("EVENT_CLEANUP_RUN_BATCH")
     # Twice the batch as candidates: runs other sweepers are claiming are passed over. The
     # finder's first look goes with the pass's other reads, in one query.
-    found, spent, troubled = claims.look(now, 2 * batch)
-    result.released = verdicts.release_spent_claims(now, by) if spent else 0
+    found, spent, troubled = reconnect.retried(claims.look, 2 * batch, until=_until(deadline), what="looking for work")
+    result.released = (
+        reconnect.retried(verdicts.release_spent_claims, by, until=_until(deadline), what="releasing dead claims")
+        if spent
+        else 0
+    )
     health = outages.Snapshot() if troubled else outages.Snapshot(rows=())
-    canaries = _outages(health, now)
-    repaired = _repair_statuses(batch, busy=True)
+    canaries = reconnect.retried(_outages, health, until=_until(deadline)) if troubled else set()
+    repaired = reconnect.retried(_repair_statuses, batch, busy=True, until=_until(deadline))
     summaries: dict[int, Summary] = {}
     work_left = False
     for look in range(LOOKS):
         # A release, a probe or an outage given up may have changed what is claimable since
         # the first look: then the finder looks again.
         fresh = look == 0 and not (spent or troubled)
-        run_ids = found if fresh else runs_needing_cleanup(timezone.now(), 2 * batch)
+        run_ids = found if fresh else reconnect.retried(runs_needing_cleanup, 2 * batch, until=_until(deadline))
         result.work_left = len(run_ids) > batch
         if not run_ids or past(deadline):
             break
@@ -234,10 +262,12 @@ def sweep(by: str = "sweep", deadline: dt.datetime | None = None, ahead: Ahead |
             summaries, work_left = run_batch(
                 run_ids, by=by, deadline=deadline, limit=batch, canaries=canaries, health=health, ahead=ahead
             )
-        except Exception:
+        except Exception as error:
             # The claims of a batch that failed expire and are taken again by a later pass;
-            # a connection the failure left broken is not used again.
-            logger.exception("cleanup of runs %s failed", run_ids)
+            # a connection the failure left broken is not used again. A lost database was
+            # logged once for its outage (`reconnect`).
+            if not reconnect.lost(error):
+                logger.exception("cleanup of runs %s failed", run_ids)
             connection.close_if_unusable_or_obsolete()
             summaries, work_left = {}, True
         if summaries or work_left:
@@ -253,9 +283,18 @@ def sweep(by: str = "sweep", deadline: dt.datetime | None = None, ahead: Ahead |
     if past(deadline):
         result.work_left = True  # a run may have been left with groups to work
     if not (summaries or work_left or repaired):
-        _repair_statuses(batch, busy=False)
+        reconnect.retried(_repair_statuses, batch, busy=False, until=_until(deadline))
     _count_pass(result.summary)
     return result
+
+
+def _until(deadline: dt.datetime | None) -> float:
+    """How long a statement of the pass may wait for a lost database (monotonic): until the
+    pass's deadline, and never longer than `reconnect.READ_FOR_S`."""
+    bound = reconnect.READ_FOR_S
+    if deadline is not None:
+        bound = min(bound, max(0.0, (deadline - timezone.now()).total_seconds()))
+    return time.monotonic() + bound
 
 
 # A busy sweeper repairs stale statuses at most this often; an idle pass always does.
@@ -275,9 +314,11 @@ def _repair_statuses(limit: int, busy: bool) -> bool:
     return True
 
 
-def _outages(health: outages.Snapshot, now: dt.datetime) -> set[tuple[str, str]]:
+def _outages(health: outages.Snapshot) -> set[tuple[str, str]]:
     """Before a pass: probe the down modules whose probe is due, and end the outages past
-    their bound (`cleanup.outages`). Answers the modules that may have one canary call."""
+    their bound (`cleanup.outages`), on the database's clock. Answers the modules that may
+    have one canary call."""
+    now = clock.now()
     canaries, given_up = health.before_pass(now)
     for outage in given_up:
         statuses.refresh_statuses(outages.give_up_waiting(outage, now))

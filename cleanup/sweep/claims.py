@@ -6,13 +6,13 @@ their claimable groups (a lease row, a step's rows, or one loose row, leases fir
 claims the first ``EVENT_CLEANUP_GROUPS_PER_RUN`` groups of each in one conditional
 UPDATE. The claim stamps a token and an expiry, counts one attempt per row, and returns
 the rows as the module calls need them, so nothing is read twice.
-May import: the models, conf, `outages`, `cleanup.rows`, `statements`.
+May import: the models, conf, `clock`, `outages`, `cleanup.rows`, `statements`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+import time
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +20,9 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Q
-from django.utils import timezone
 
-from .. import outages, rows
-from ..conf import max_revert_attempts, setting
+from .. import clock, outages, rows
+from ..conf import claim_timeout_s, max_revert_attempts, setting
 from ..models import LEASE_KIND
 from ..sql import fetch_prepared
 from . import statements
@@ -78,6 +77,12 @@ class Batch:
     work_left: bool = False  # a run had more groups than one pass works
     # The claim marked its groups called together (`rows.claiming`): no wave is marked again.
     called_together: bool = False
+    # The groups are suspects (rule 20): each is marked called alone as its call starts,
+    # so that its own call spends its attempt; their calls still go concurrently.
+    alone: bool = False
+    # When the claim runs out, on this process's monotonic clock, less a margin: a write
+    # that lost its database is tried again until then (`reconnect`).
+    held_until: float = field(default_factory=lambda: time.monotonic() + claim_timeout_s())
 
     @property
     def run_ids(self) -> list[int]:
@@ -93,7 +98,7 @@ class Batch:
         return [g for g in self.groups if g.kind != "lease"]
 
 
-def runs_needing_cleanup(now: dt.datetime, limit: int) -> list[int]:
+def runs_needing_cleanup(limit: int) -> list[int]:
     """Ids of terminal runs in the automatic sweep that have rows to claim now, oldest first.
 
     Found from the rows, never from a flag (rule 2), but without reading them: a skip scan
@@ -101,14 +106,14 @@ def runs_needing_cleanup(now: dt.datetime, limit: int) -> list[int]:
     cost follows the runs with work, not the ledger's history.
     """
     sql, params = statements.finder(connection.alias, max_revert_attempts())
-    return [run_id for (run_id,) in fetch_prepared(sql, [*statements.bind(params, now), limit])]
+    return [run_id for (run_id,) in fetch_prepared(sql, [*params, limit])]
 
 
-def look(now: dt.datetime, limit: int) -> tuple[list[int], bool, bool]:
+def look(limit: int) -> tuple[list[int], bool, bool]:
     """What a pass reads before its work, in one query (`statements.look`): the runs the
     finder names now (`runs_needing_cleanup`), whether a dead claim waits to be released
     (rule 20), and whether a backend is down or being blamed (`outages.Snapshot`)."""
-    return statements.look(now, limit, max_revert_attempts())
+    return statements.look(limit, max_revert_attempts())
 
 
 def claim(
@@ -128,12 +133,12 @@ def claim(
     one conditional UPDATE that returns the rows it took: one sweeper per row, and a token
     that fences every verdict written later (rule 9).
     """
-    now = timezone.now()
     down = set(outages.down_backends() if down is None else down)
+    # Read before the claim is sent: its expiry, on the database's clock, starts later.
+    held_until = time.monotonic() + claim_timeout_s() - max(0.5, claim_timeout_s() / 10)
     answer = statements.claim(
         run_ids,
         token,
-        now,
         max_revert_attempts(),
         skip_locked=skip_locked,
         limit=limit,
@@ -182,10 +187,12 @@ def claim(
     for module, backend in down - set(canaries):
         # Rows of these runs that began waiting since the backend went down leave the
         # finder until its next probe.
-        until = outages.waiting_until(module, now, backend=backend) or now
-        outages.defer_waiting(module, until, run_ids=taken, backend=backend)
+        until = outages.waiting_until(module, backend=backend)
+        outages.defer_waiting(module, until or clock.now(), run_ids=taken, backend=backend)
     together = bool(chosen) and bool(outcome[_AT["together"]])
-    return Batch(token, chosen, work_left, called_together=together)
+    return Batch(
+        token, chosen, work_left, called_together=together, alone=bool(outcome[_AT["alone"]]), held_until=held_until
+    )
 
 
 # Where the claim's answer has each of its columns (`statements.CLAIM_COLUMNS`); a row's
@@ -194,15 +201,18 @@ _AT = {name: i for i, name in enumerate(statements.CLAIM_COLUMNS)}
 _ROW_END = len(rows.CLAIMED_COLUMNS)
 
 
-def mark_called(token: uuid.UUID, groups: Sequence[Group]) -> int:
+def mark_called(token: uuid.UUID, groups: Sequence[Group], alone: bool = False) -> int:
     """Just before their calls: the groups' rows were called under this claim
-    (`rows.mark_called`), so that a sweeper killed in a call has spent its attempt."""
+    (`rows.mark_called`), so that a sweeper killed in a call has spent its attempt.
+
+    Several groups are marked called together, unless ``alone``: suspects (rule 20), each
+    of which spends its own attempt however many calls start beside it."""
     if not groups:
         return 0
     steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
-    alone = [g.key for g in groups if g.kind != "step"]
-    where, params = statements.called_rows(token, steps, alone)
-    return rows.mark_called(where, params, shared=len(groups) > 1)
+    singles = [g.key for g in groups if g.kind != "step"]
+    where, params = statements.called_rows(token, steps, singles)
+    return rows.mark_called(where, params, shared=len(groups) > 1 and not alone)
 
 
 def _json(value: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ A call that outlives its budget is not stopped (nothing can stop it) and not ret
 while it runs: its verdict keeps the claim on its rows, and the keeper here renews that
 claim while the call still runs in this process and lets it go once the call ends. If
 the process dies the claim simply expires, as any dead sweeper's does.
-May import: the models, conf, `cleanup.rows`, `logs`, `calls`, `registry`, `outages`, `leases`.
+May import: the models, conf, `cleanup.rows`, `logs`, `calls`, `registry`, `outages`, `leases`, `reconnect`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from ..logs import log_context
 from ..models import LEASE_KIND, STEP_KIND, Resource
 from .claims import Group, mark_called
 from .leases import give_back_lease
+from .reconnect import lost, retried
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Called:
     blamed: str | None = None  # the answer blamed the module's backend (`cleanup.outages`)
     module: str | None = None  # the module called
     backend: str = ""  # the module's backend called
-    waited: dt.datetime | None = None  # set when written: its module is down, the rows wait till then
+    waited: timedelta | None = None  # set when written: its module is down, the rows wait this long
 
 
 @dataclass(eq=False)
@@ -115,11 +116,20 @@ def call_groups(
     deadline: dt.datetime | None = None,
     health: outages.Snapshot | None = None,
     token: uuid.UUID | None = None,
+    *,
+    alone: bool = False,
+    answered: Callable[[list[Called]], object] | None = None,
+    held_until: float | None = None,
 ) -> list[Called]:
     """Make the revert calls of step groups and loose rows; answers one `Called` per group.
 
     ``token`` is the claim's: each wave's rows are marked called just before its calls
-    start. None when the claim marked them already (`claims.claim`, several groups).
+    start, each group as called alone with ``alone`` (suspects, rule 20). None when the
+    claim marked them already (`claims.claim`, several groups). ``answered`` is told of
+    the calls that answered as they answer, at most every `ANSWERS_EVERY_S` and before
+    each new wave, so that their verdicts are written while other calls still run; what
+    it was told of is not in the answer. ``held_until`` (monotonic) is when the claim
+    runs out: a mark that lost its database is tried again until then.
     """
     results: list[Called] = []
     jobs: list[_Job] = []
@@ -130,7 +140,12 @@ def call_groups(
             results.append(prepared)
         else:
             jobs.append(prepared)
-    results.extend(_run_concurrently(jobs, deadline, health or outages.Snapshot(), token))
+    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline, health or outages.Snapshot())
+    flight.alone, flight.held_until = alone, held_until
+    if answered is not None and results:
+        answered(results)  # no call to wait for: written with the first answers
+        results = []
+    results.extend(_run_concurrently(jobs, flight, token, answered))
     return results
 
 
@@ -222,18 +237,33 @@ def module_limit(entry: object) -> int:
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
 
 
+# Answers are handed on for their verdicts at most this often (and before each new wave).
+ANSWERS_EVERY_S = 0.2
+
+
 def _run_concurrently(
-    jobs: Sequence[_Job], deadline: dt.datetime | None, health: outages.Snapshot, token: uuid.UUID | None = None
+    jobs: Sequence[_Job],
+    flight: _Flight,
+    token: uuid.UUID | None = None,
+    answered: Callable[[list[Called]], object] | None = None,
 ) -> list[Called]:
-    """Start the jobs as limits allow, each under its budget; answers their `Called`s.
+    """Start the jobs as limits allow, each under its budget; answers the `Called`s that
+    ``answered`` was not told of.
 
     The calls that can start together start as one wave, their rows marked called by one
-    statement first (`claims.mark_called`).
+    statement first (`claims.mark_called`). The answers in hand are handed to ``answered``
+    before a new wave starts, and every `ANSWERS_EVERY_S` while calls run, so a sweeper
+    killed mid-batch has written the verdicts of all but its last moment's answers.
     """
-    flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline, health)
     pending = list(jobs)
+    told, told_at = 0, time.monotonic()
     while pending or flight.calls:
         flight.land()
+        fresh = len(flight.results) - told
+        due = time.monotonic() - told_at >= ANSWERS_EVERY_S or (pending and not flight.calls)
+        if answered is not None and fresh and due:
+            answered(flight.results[told:])
+            told, told_at = len(flight.results), time.monotonic()
         wave: list[_Job] = []
         waiting: list[_Job] = []
         for job in pending:
@@ -244,8 +274,8 @@ def _run_concurrently(
                 waiting.append(job)
         pending = waiting
         flight.start(wave, token)
-        flight.wait()
-    return flight.results
+        flight.wait(told_at + ANSWERS_EVERY_S if answered is not None and len(flight.results) > told else None)
+    return flight.results[told:] if answered is not None else flight.results
 
 
 class _Flight:
@@ -257,6 +287,8 @@ class _Flight:
         self.per_module: Counter[tuple[str, str]] = Counter()
         self.results: list[Called] = []
         self.woken = threading.Event()
+        self.alone = False  # each group is marked called alone (suspects, rule 20)
+        self.held_until: float | None = None  # when the claim runs out (monotonic)
 
     def has_room(self) -> bool:
         return len(self.calls) + self.reserved < self.limit
@@ -295,7 +327,7 @@ class _Flight:
     def _start_marked(self, wave: list[_Job], token: uuid.UUID | None, turn_taken: bool = False) -> None:
         if not wave:
             return
-        if token is not None and not _mark(token, wave):
+        if token is not None and not _mark(token, wave, self.alone, self.held_until):
             for job in wave:  # not called: their attempts are given back with the verdicts
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(Called(job.group, None, job.what))
@@ -325,23 +357,30 @@ class _Flight:
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(_verdict_of(job, future, self.health))
 
-    def wait(self) -> None:
+    def wait(self, answers_due: float | None = None) -> None:
+        """Until a call answers or runs out of budget, or the answers in hand are due."""
         if self.calls:
             soonest = min(expires for _future, expires in self.calls.values())
+            if answers_due is not None:
+                soonest = min(soonest, answers_due)
             self.woken.wait(max(0.0, soonest - time.monotonic()))
 
 
-def _mark(token: uuid.UUID, wave: Sequence[_Job]) -> bool:
-    """Mark a wave called before it starts, once more on a fresh connection if the first
-    try lost it; answers False when it could not be marked, and then nothing is called."""
+def _mark(token: uuid.UUID, wave: Sequence[_Job], alone: bool = False, held_until: float | None = None) -> bool:
+    """Mark a wave called before it starts, again on a new connection while the database
+    is lost and the claim holds (`reconnect`); answers False when it could not be marked,
+    and then nothing is called."""
     groups = [job.group for job in wave]
-    for last in (False, True):
-        try:
-            mark_called(token, groups)
-            return True
-        except DatabaseError:
-            logger.exception("marking %d calls as started failed%s", len(groups), "" if last else "; trying once more")
-            connections["default"].close()
+    until = time.monotonic() + 1.0 if held_until is None else held_until
+    try:
+        retried(mark_called, token, groups, alone, until=until, what="marking calls as started")
+        return True
+    except DatabaseError as error:
+        if lost(error):
+            logger.warning("%d calls were not made: the database was lost before they could be marked", len(groups))
+        else:
+            logger.exception("marking %d calls as started failed", len(groups))
+        connections["default"].close()
     return False
 
 
@@ -405,8 +444,7 @@ def keep_overdue_claims() -> int:
     ended = [h for h in holds if h.future.done()]
     running = [h for h in holds if not h.future.done()]
     if running:
-        until = timezone.now() + timedelta(seconds=claim_timeout_s())
-        rows.keep_claims(_held_rows(running), until)
+        rows.keep_claims(_held_rows(running), timedelta(seconds=claim_timeout_s()))
     if ended:
         rows.let_go_claims(_held_rows(ended))
     with _holds_lock:

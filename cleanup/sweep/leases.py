@@ -4,7 +4,7 @@ While several runs lease one target, the value in force is the newest lease's, s
 the newest may restore; an older lease that ends hands its baseline down and resolves.
 Applies do not always land in ledger order, or say that they landed, so the rules below
 also read a lease's ``confirmed`` flag and the value a restore finds in place.
-May import: the models, `calls`, `registry`, `outages`, `cleanup.rows`, `statements`.
+May import: the models, `calls`, `clock`, `registry`, `outages`, `cleanup.rows`, `statements`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import calls, outages, registry, rows
+from .. import calls, clock, outages, registry, rows
 from ..calls import Outcome, Verdict
 from ..models import LEASE_KIND, UNRESOLVED, Attempt, AttemptOutcome, LogKind, Resource, RunLog
 from . import statements
@@ -160,7 +159,7 @@ def settle_forgotten(ref: str, backend: str, value: Any, reason: str) -> int:
     value from before the first began. A lease a sweeper holds or a person must look at
     (drifted) is left alone. Answers how many leases were settled.
     """
-    now = timezone.now()
+    now = clock.now()
     settled = 0
     with transaction.atomic():
         stack = list(
@@ -177,7 +176,7 @@ def settle_forgotten(ref: str, backend: str, value: Any, reason: str) -> int:
                 continue
             if "applied" in payload and registry.same_value(lease, value, payload["applied"]):
                 continue
-            if rows.holds(row, rows.held_past_budget(now)):
+            if rows.holds(row, rows.held_past_budget(), now):
                 continue  # a restore past its budget may still land: its claim decides
             rows.orphan_lease(row, reason, now)
             heirs = [n for n in stack[index + 1 :] if n.state in UNRESOLVED][:1]
@@ -234,7 +233,7 @@ def _pass_baseline(row: Row | Resource, heirs: Sequence[Resource]) -> None:
         payload["baseline"] = baseline
         if carried:
             payload["also_expected"] = [*payload.get("also_expected", []), *carried]
-        Resource.objects.filter(pk=heir.pk).update(payload=payload, updated_at=timezone.now())
+        Resource.objects.filter(pk=heir.pk).update(payload=payload, updated_at=clock.at())
 
 
 def hand_down(
@@ -254,10 +253,10 @@ def hand_down(
             return None
         # A newer lease held by another sweeper is being restored; one claimed by this
         # same batch waits for its turn in this pass and reads the baseline then.
-        if rows.holds(heir, rows.claimed_by_another(token, timezone.now())):
+        if rows.holds(heir, rows.claimed_by_another(token), clock.now()):
             return Verdict.retry(f"a newer lease on this target (row {heir.pk}) is being restored; try again after it")
         _pass_baseline(row, [n for n in open_rows if row.pk < n.pk < heir.pk] + [heir])
-        if not rows.hand_down(token, row.pk, timezone.now()):
+        if not rows.hand_down(token, row.pk):
             # Our claim was taken over: leave the other rows as they were.
             transaction.set_rollback(True)
             return Verdict.retry("the claim on this lease expired before it could be handed down")

@@ -4,9 +4,11 @@ work, and counting a batch's rows for its runs' statuses.
 Every pass sends them, so building them through the ORM each time would cost more than
 running them. The rules themselves stay written once, as the row owner's predicates
 (`cleanup.rows`: claimable, owing, suspect, keeps a run pending): their WHERE clauses are
-compiled here once per database and attempt ceiling, with a stand-in for "now" that `bind`
-replaces. Lists of ids travel as one array (``= ANY(%s)``). They are sent as prepared
-statements (`cleanup.sql`).
+compiled here once per database and attempt ceiling. Their "now" is the database's clock,
+read by the statement itself (`cleanup.clock`), never a time the worker sends: a worker
+whose clock is off claims, takes over and waits exactly as the others do (rule 9). Lists
+of ids travel as one array (``= ANY(%s)``). They are sent as prepared statements
+(`cleanup.sql`).
 May import: the models, `cleanup.rows`, `cleanup.sql`, `outages` (its predicate of a troubled backend).
 """
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.db import connection
@@ -24,16 +25,6 @@ from django.db.models import QuerySet
 from .. import outages, rows
 from ..models import LEASE_KIND, TERMINAL, UNRESOLVED, ModuleHealth, Resource, ResourceState, Run, Step
 from ..sql import fetch_prepared
-
-# Stands for "now" in the compiled clauses; `bind` puts the pass's time in its place.
-_SENTINEL = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def bind(params: Sequence[Any], now: datetime) -> list[Any]:
-    """The params of a compiled statement, with the pass's time for the stand-in."""
-    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
-    at = connection.ops.adapt_datetimefield_value(now)
-    return [at if p == sentinel else p for p in params]
 
 
 def in_list(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
@@ -44,26 +35,21 @@ def in_list(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
 def where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
     """The WHERE clause of a one-table queryset, as SQL and params.
 
-    On PostgreSQL its constants are written into the SQL as literals, all but the stand-in
-    for "now": a prepared statement is planned once for any value of its parameters, and
-    only a literal lets the planner match a partial index whose predicate names it (the
-    finder's skip scan of ``finder_owing_run_idx``, for one).
+    On PostgreSQL its constants are written into the SQL as literals: a prepared statement
+    is planned once for any value of its parameters, and only a literal lets the planner
+    match a partial index whose predicate names it (the finder's skip scan of
+    ``finder_owing_run_idx``, for one). "Now" is the database's own clock in the SQL.
     """
     query = queryset.query
     sql, params = query.get_compiler(connection=connection).compile(query.where)
-    sentinel = connection.ops.adapt_datetimefield_value(_SENTINEL)
-    pieces, kept = sql.split("%s"), []
+    pieces = sql.split("%s")
     if len(pieces) != len(params) + 1:  # a literal "%s" in the clause: leave it as it is
         return sql, tuple(params)
     out = [pieces[0]]
     for param, piece in zip(params, pieces[1:], strict=True):
-        if param == sentinel:
-            out.append("%s")
-            kept.append(param)
-        else:
-            out.append(cast(Any, connection.ops).compose_sql("%s", [param]).replace("%", "%%"))
+        out.append(cast(Any, connection.ops).compose_sql("%s", [param]).replace("%", "%%"))
         out.append(piece)
-    return "".join(out), tuple(kept)
+    return "".join(out), ()
 
 
 def names() -> tuple[str, str, str]:
@@ -73,8 +59,8 @@ def names() -> tuple[str, str, str]:
 
 @functools.lru_cache(maxsize=16)
 def claimable(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...]]:
-    """`rows.claimable` as a WHERE clause on the resource table, "now" unbound."""
-    return where(Resource.objects.filter(rows.claimable(_SENTINEL, max_attempts)))
+    """`rows.claimable` as a WHERE clause on the resource table, on the database's clock."""
+    return where(Resource.objects.filter(rows.claimable(None, max_attempts)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -113,9 +99,9 @@ def looking(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...], tuple[
     """What a pass reads before its work, in one query of one row: the runs the finder names
     (an array, in its order), whether a dead claim is to be released (`rows.spent_dead_claim`),
     and whether a backend is troubled (`outages.troubled`). The SQL, the finder's params
-    (the limit follows them), then the rest; "now" unbound."""
+    (the limit follows them), then the rest; on the database's clock."""
     finder_sql, finder_params = finder(alias, max_attempts)
-    spent_sql, spent_params = where(Resource.objects.filter(rows.spent_dead_claim(_SENTINEL, max_attempts)))
+    spent_sql, spent_params = where(Resource.objects.filter(rows.spent_dead_claim(None, max_attempts)))
     troubled_sql, troubled_params = where(ModuleHealth.objects.filter(outages.troubled()))
     resource, _, _ = names()
     health = connection.ops.quote_name(ModuleHealth._meta.db_table)
@@ -127,16 +113,14 @@ def looking(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...], tuple[
     return sql, finder_params, (*spent_params, *troubled_params)
 
 
-def look(now: datetime, limit: int, max_attempts: int) -> tuple[list[int], bool, bool]:
+def look(limit: int, max_attempts: int) -> tuple[list[int], bool, bool]:
     """`looking`, sent: ``(run ids, a dead claim to release, a backend troubled)``."""
     sql, finder_params, rest = looking(connection.alias, max_attempts)
-    ((found, spent, troubled),) = fetch_prepared(sql, [*bind(finder_params, now), limit, *bind(rest, now)])
+    ((found, spent, troubled),) = fetch_prepared(sql, [*finder_params, limit, *rest])
     return list(found or []), bool(spent), bool(troubled)
 
 
-def _taking(
-    run_ids: Sequence[int], now: datetime, max_attempts: int, skip_locked: bool, limit: int | None
-) -> tuple[str, list[Any]]:
+def _taking(run_ids: Sequence[int], max_attempts: int, skip_locked: bool, limit: int | None) -> tuple[str, list[Any]]:
     resource, run, _ = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     ids_sql, ids_params = in_list(f"{run}.id", run_ids)
@@ -146,7 +130,7 @@ def _taking(
         f"AND EXISTS (SELECT 1 FROM {resource} WHERE {resource}.run_id = {run}.id AND {claimable_sql}) "
         f"ORDER BY {run}.id"
     )
-    params = [*ids_params, *[str(s) for s in TERMINAL], *bind(claimable_params, now)]
+    params = [*ids_params, *[str(s) for s in TERMINAL], *claimable_params]
     if limit:
         sql += " LIMIT %s"
         params.append(limit)
@@ -173,7 +157,7 @@ HEAD_COLUMNS = (
 )
 
 
-def _heads(ids_sql: str, ids_params: Sequence[Any], now: datetime, max_attempts: int) -> tuple[str, list[Any]]:
+def _heads(ids_sql: str, ids_params: Sequence[Any], max_attempts: int) -> tuple[str, list[Any]]:
     resource, _, step = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     suspect_sql, suspect_params = suspect(connection.alias)
@@ -187,7 +171,7 @@ def _heads(ids_sql: str, ids_params: Sequence[Any], now: datetime, max_attempts:
         f"WHERE {ids_sql} AND {claimable_sql} "
         f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend"
     )
-    return sql, [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *bind(claimable_params, now)]
+    return sql, [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *claimable_params]
 
 
 # What the pass's claim answers of each row it took (`rows.CLAIMED_COLUMNS`), then of the
@@ -203,13 +187,13 @@ CLAIM_COLUMNS = (
     "taken",
     "work_left",
     "together",
+    "alone",
 )
 
 
 def claim(
     run_ids: Sequence[int],
     token: uuid.UUID,
-    now: datetime,
     max_attempts: int,
     *,
     skip_locked: bool,
@@ -226,9 +210,11 @@ def claim(
 
     The choice: groups of a backend in ``down`` wait, but for the first group of each
     backend in ``canaries`` (rule 21);
-    the first group left that is suspect is claimed alone (rule 20); else the first
-    ``per_run`` groups of each run, leases first, then steps, then loose rows, each kind in
-    ledger order (rules 8, 13). Several groups are marked called together (rule 20).
+    the suspect groups, up to ``per_run`` of each run, are claimed by themselves and each is
+    called alone (rule 20: ``alone``, marked one by one as their calls start, concurrently);
+    else the first ``per_run`` groups of each run, leases first, then steps, then loose rows,
+    each kind in ledger order (rules 8, 13). Several groups are marked called together
+    (``together``, rule 20).
 
     The runs' locks are held to the statement's end, as a transaction's were: the heads are
     read on the snapshot the statement began with, and the claim takes only rows still
@@ -242,11 +228,11 @@ def claim(
     loop that read the CTE again for every unresolved row of the ledger, all the while
     holding the runs' locks, so that sweepers starting together found every run taken.
     """
-    taking_sql, taking_params = _taking(run_ids, now, max_attempts, skip_locked, limit)
+    taking_sql, taking_params = _taking(run_ids, max_attempts, skip_locked, limit)
     resource, _, _ = names()
     # An InitPlan: computed once, before any row is read.
     locked = "ARRAY(SELECT id FROM taken)"
-    heads_sql, heads_params = _heads(f"{resource}.run_id = ANY({locked})", [], now, max_attempts)
+    heads_sql, heads_params = _heads(f"{resource}.run_id = ANY({locked})", [], max_attempts)
     down_sql, down_params = in_pairs(("h.module", "h.backend"), down, types=("varchar", "varchar"))
     canary_sql, canary_params = in_pairs(("h.module", "h.backend"), canaries, types=("varchar", "varchar"))
     # lease, step, loose row: the order of kinds within a run (the heads' columns 9 and 3)
@@ -261,13 +247,18 @@ def claim(
             FROM heads h
         ),
         open AS (SELECT * FROM seen WHERE NOT down OR (canary AND nth_of_backend = 1)),
-        suspects AS (SELECT * FROM open WHERE suspect = 1 ORDER BY run_id, first LIMIT 1),
+        suspects AS (
+            SELECT {", ".join(HEAD_COLUMNS)}, down, canary, nth_of_backend, nth FROM (
+                SELECT o.*, ROW_NUMBER() OVER (PARTITION BY o.run_id ORDER BY o.first) AS nth
+                FROM open o WHERE o.suspect = 1
+            ) AS s WHERE s.nth <= %s
+        ),
         ranked AS (
             SELECT c.*, ROW_NUMBER() OVER (PARTITION BY c.run_id ORDER BY {kind}, c.first) AS nth
             FROM open c
         ),
         chosen AS MATERIALIZED (
-            SELECT s.*, 1 AS nth FROM suspects s
+            SELECT s.* FROM suspects s
             UNION ALL
             SELECT {", ".join(f"r.{c}" for c in HEAD_COLUMNS)}, r.down, r.canary, r.nth_of_backend, r.nth
             FROM ranked r WHERE r.nth <= %s AND NOT EXISTS (SELECT 1 FROM suspects)
@@ -284,10 +275,9 @@ def claim(
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     claim_sql, claim_params = rows.claiming(
         f"{where} AND {claimable_sql}",
-        [lease, *bind(claimable_params, now)],
+        [lease, *claimable_params],
         token,
-        now,
-        called_together="(SELECT COUNT(*) > 1 FROM chosen)",
+        called_together="((SELECT COUNT(*) > 1 FROM chosen) AND NOT EXISTS (SELECT 1 FROM suspects))",
     )
     returned = ", ".join(f"c.{c}" for c in rows.CLAIMED_COLUMNS)
     own = ["NULL"] * len(rows.CLAIMED_COLUMNS)
@@ -297,22 +287,25 @@ def claim(
     sql = f"""WITH {choosing},
         claimed AS ({claim_sql})
         SELECT {returned}, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint,
-               NULL::bigint[], NULL::boolean, NULL::boolean
+               NULL::bigint[], NULL::boolean, NULL::boolean, NULL::boolean
         FROM claimed c
         UNION ALL
         SELECT {", ".join(group)}, CASE WHEN h.lease = 1 THEN 'lease' WHEN h.alone <> 0 THEN 'row' ELSE 'step' END,
                CASE WHEN h.alone <> 0 THEN h.alone ELSE h.step_id END,
-               h.action_id, h.step_key, h.module, h.nth, NULL, NULL, NULL
+               h.action_id, h.step_key, h.module, h.nth, NULL, NULL, NULL, NULL
         FROM chosen h
         UNION ALL
         SELECT {", ".join(own)}, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT ARRAY_AGG(id) FROM taken),
-               EXISTS (SELECT 1 FROM suspects) OR EXISTS (SELECT 1 FROM ranked WHERE nth > %s),
-               (SELECT COUNT(*) > 1 FROM chosen)"""
+               EXISTS (SELECT 1 FROM ranked WHERE nth > %s)
+               OR (EXISTS (SELECT 1 FROM suspects) AND EXISTS (SELECT 1 FROM ranked WHERE suspect = 0)),
+               (SELECT COUNT(*) > 1 FROM chosen) AND NOT EXISTS (SELECT 1 FROM suspects),
+               EXISTS (SELECT 1 FROM suspects)"""
     params = [
         *taking_params,
         *heads_params,
         *down_params,
         *canary_params,
+        per_run,
         per_run,
         *claim_params,
         per_run,

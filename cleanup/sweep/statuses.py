@@ -4,7 +4,7 @@ Nothing else writes it. The verdicts of a batch and its runs' statuses are writt
 transaction (`cleanup.sweep.verdicts`); a status left behind anyway is repaired by a later
 pass (rule 24). A person's retry (`reset_for_person`, rule 6) and a resurrection
 (`reopen`, rule 14) put a run back to ``pending``.
-May import: the models, conf, `cleanup.rows`, `statements`. Imported by the pass, the
+May import: the models, conf, `clock`, `cleanup.rows`, `statements`. Imported by the pass, the
 runner, `manual` and `reconcile`.
 """
 
@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from .. import rows
+from .. import clock, rows
 from ..conf import max_revert_attempts
 from ..models import TERMINAL, AlertedStatus, CleanupStatus, LogKind, Resource, Run, RunLog
 from ..sql import column_of, fetch_prepared, field_of
@@ -54,7 +54,7 @@ def _locking() -> str:
 
 def write_statuses(
     runs: Mapping[int, tuple[bool, str]],
-    now: dt.datetime,
+    now: dt.datetime | None,
     entries: Sequence[LogRow] = (),
     summaries: Sequence[LogRow] = (),
 ) -> Statuses:
@@ -64,7 +64,8 @@ def write_statuses(
     and writes the log ``entries`` and the ``summaries``: entries whose detail the statement
     completes with their run's unresolved rows, as ``remaining``. A run whose status turns
     ``complete`` here logs one ``cleanup.completed`` after them: the runs are locked, so of
-    two writers only the first sees the change.
+    two writers only the first sees the change. ``now`` stamps the runs and the log; None
+    is the database's clock when the statement runs.
     """
     ids = list(runs)
     counts_sql, counts_params = statements.counting(ids, max_revert_attempts())
@@ -89,12 +90,12 @@ def write_statuses(
             LEFT JOIN counted c ON c.run_id = v.id
         ),
         changed AS (
-            UPDATE {run_table} AS r SET cleanup_status = m.status, updated_at = %s
+            UPDATE {run_table} AS r SET cleanup_status = m.status, updated_at = COALESCE(%s::timestamptz, {clock.SQL})
             FROM made m WHERE r.id = m.id AND m.status <> m.current
         ),
         logged AS (
             INSERT INTO {log_table} ({log_columns})
-            SELECT e.run_id, e.kind, e.detail, %s::timestamptz FROM (
+            SELECT e.run_id, e.kind, e.detail, COALESCE(%s::timestamptz, {clock.SQL}) FROM (
                 SELECT x.place, x.run_id, x.kind,
                        CASE WHEN x.counted THEN x.detail || jsonb_build_object('remaining', m.unresolved)
                             ELSE x.detail END AS detail
@@ -130,7 +131,7 @@ def write_statuses(
 def refresh_statuses(run_ids: Iterable[int]) -> Statuses:
     """Make the cleanup status of ``run_ids`` say what their rows say, under their locks."""
     with transaction.atomic():
-        return write_statuses(lock_runs(run_ids), timezone.now())
+        return write_statuses(lock_runs(run_ids), None)
 
 
 def repair_statuses(limit: int) -> int:

@@ -27,9 +27,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import outages, rows
+from .. import clock, outages, rows
 from ..calls import Outcome, Verdict
 from ..conf import claim_timeout_s, max_revert_attempts
 from ..models import STEP_KIND, Attempt, AttemptOutcome, LogKind, Resource, RunLog
@@ -78,20 +77,20 @@ def write(
 ) -> dict[int, Summary]:
     """Write the verdicts of a batch, its log and its runs' statuses; answers a `Summary` per run.
 
-    ``summaries`` carries what earlier writes of the same batch counted (its leases).
+    ``summaries`` carries what earlier writes of the same batch counted (its leases). Every
+    time written is the database's (`cleanup.clock`).
     """
-    now = timezone.now()
     summaries = summaries if summaries is not None else {}
     with transaction.atomic():
         runs = lock_runs(batch.run_ids)
-        entries = _write_rows(batch.token, called, summaries, now, by)
+        entries = _write_rows(batch.token, called, summaries, by)
         # Each run's ``cleanup.swept`` entry: its ``remaining`` is counted with its status.
         swept = [
             (run_id, LogKind.CLEANUP_SWEPT, summaries[run_id].logged(by))
             for run_id in runs
             if run_id in summaries and summaries[run_id].attempted
         ]
-        answer = write_statuses(runs, now, entries, swept)
+        answer = write_statuses(runs, None, entries, swept)
     for run_id, (_status, remaining) in answer.items():
         summaries.setdefault(run_id, Summary()).remaining = remaining
     return summaries
@@ -100,22 +99,21 @@ def write(
 def write_now(token: uuid.UUID, called: Sequence[Called], summaries: dict[int, Summary], by: str = "") -> None:
     """Write some verdicts and their log at once, before the rest of the batch (a lease's,
     which the next lease on its target must see); the batch's `write` adds the statuses."""
-    now = timezone.now()
     with transaction.atomic():
-        entries = _write_rows(token, called, summaries, now, by)
+        entries = _write_rows(token, called, summaries, by)
         if entries:
-            execute_prepared(*inserting_json(RunLog, LOG_FIELDS, entries, fixed={"at": now}))
+            execute_prepared(*inserting_json(RunLog, LOG_FIELDS, entries, fixed_sql={"at": clock.SQL}))
 
 
 def _write_rows(
-    token: uuid.UUID, called: Sequence[Called], summaries: dict[int, Summary], now: dt.datetime, by: str = ""
+    token: uuid.UUID, called: Sequence[Called], summaries: dict[int, Summary], by: str = ""
 ) -> list[LogRow]:
     """Write the rows of ``called`` still held by ``token``, with the attempts of those not
     given back; count them in ``summaries``; answers their log entries."""
     # Before the rows: the health rows of the backends the answers blamed are locked, as a
     # mark-down locks them before it forgives the rows' attempts; either it came first and
     # these rows wait, or it comes after this commit and forgives what they spent.
-    _note_waiting(called, now)
+    _note_waiting(called)
     # A step whose rows are on several backends is several groups: written row by row.
     steps = [r.group.key for r in called if r.group.kind == "step"]
     split = {key for key in steps if steps.count(key) > 1}
@@ -134,11 +132,11 @@ def _write_rows(
             given_back = rows.give_back_claim()
             changes.stage(group, [(row, given_back, None) for row in group.rows])
             continue
-        staged = _transitions(result, now)
+        staged = _transitions(result)
         changes.stage(group, staged)
         attempts.extend(_attempts(result, staged))
         answered.append((result, staged))
-    written = rows.write_verdicts(token, changes.steps, changes.rows, now, attempts, by) if changes else set()
+    written = rows.write_verdicts(token, changes.steps, changes.rows, attempts, by) if changes else set()
     entries = []
     for result, staged in answered:
         mine = [(row, counted) for row, _values, counted in staged if row.pk in written]
@@ -156,8 +154,9 @@ def _write_rows(
     return entries
 
 
-def _note_waiting(called: Sequence[Called], now: dt.datetime) -> None:
-    """Which answers that blamed a backend came from a backend that is down now.
+def _note_waiting(called: Sequence[Called]) -> None:
+    """Which answers that blamed a backend came from a backend that is down now, and how
+    long after the write their rows wait (till its next probe, on the database's clock).
 
     Read when the verdicts are written, after every answer of the batch was counted, so
     the answers that together showed the outage all wait and none spends an attempt.
@@ -166,10 +165,12 @@ def _note_waiting(called: Sequence[Called], now: dt.datetime) -> None:
     if not blamed:
         return
     outages.lock_health(blamed)
+    now = clock.now()
     until = {pair: outages.waiting_until(pair[0], now, backend=pair[1]) for pair in blamed}
     for result in called:
         if result.blamed is not None and result.module:
-            result.waited = until[(result.module, result.backend)]
+            waits = until[(result.module, result.backend)]
+            result.waited = None if waits is None else max(waits - now, timedelta(0))
 
 
 def _attempts(result: Called, staged: Iterable[Staged]) -> Iterator[AttemptRecord]:
@@ -190,7 +191,7 @@ def _attempts(result: Called, staged: Iterable[Staged]) -> Iterator[AttemptRecor
         yield row.pk, row.run_id, row.revert_attempts, str(outcome), error
 
 
-def _transitions(result: Called, now: dt.datetime) -> list[Staged]:
+def _transitions(result: Called) -> list[Staged]:
     """The transition each row of the group's verdict writes (`cleanup.rows`), and what it counts.
 
     A whole group given back takes one set of values, made once.
@@ -199,21 +200,21 @@ def _transitions(result: Called, now: dt.datetime) -> list[Staged]:
     assert verdict is not None
     group_rows = result.group.rows
     if verdict.outcome == Outcome.DONE and not (verdict.failed and any(r.ref in verdict.failed for r in group_rows)):
-        given_back = rows.given_back(now)
+        given_back = rows.given_back()
         return [(row, given_back, REVERTED) for row in group_rows]
-    return [_values(result, verdict, row, now) for row in group_rows]
+    return [_values(result, verdict, row) for row in group_rows]
 
 
-def _values(result: Called, verdict: Verdict, row: Row, now: dt.datetime) -> Staged:
+def _values(result: Called, verdict: Verdict, row: Row) -> Staged:
     """The transition one row's verdict writes (`cleanup.rows`), and what it counts."""
     # A call still running past its budget keeps its rows claimed (renewed by `dispatch`)
     # until it ends, so it is never retried while it may still act (rule 18).
-    keep = now + timedelta(seconds=claim_timeout_s()) if result.running is not None else None
+    keep = timedelta(seconds=claim_timeout_s()) if result.running is not None else None
     if verdict.outcome == Outcome.DONE:
         if row.ref in verdict.failed and row.kind != STEP_KIND:
             error = not_given_back(result.what, row, verdict)
-            return row, rows.fail(error, row.revert_attempts, now, max_revert_attempts()), FAILED
-        return row, rows.given_back(now), REVERTED
+            return row, rows.fail(error, row.revert_attempts, max_revert_attempts()), FAILED
+        return row, rows.given_back(), REVERTED
     if result.waited is not None and verdict.outcome == Outcome.RETRY:
         # Its module's backend is down: the failure is the outage's, not the row's. The
         # attempt is given back and the row waits for the module (`cleanup.outages`).
@@ -222,7 +223,7 @@ def _values(result: Called, verdict: Verdict, row: Row, now: dt.datetime) -> Sta
         return row, rows.drift(verdict.error), DRIFTED
     if verdict.outcome == Outcome.TERMINAL:
         return row, rows.fail_for_good(verdict.error), FAILED
-    return row, rows.fail(verdict.error, row.revert_attempts, now, max_revert_attempts(), keep), FAILED
+    return row, rows.fail(verdict.error, row.revert_attempts, max_revert_attempts(), keep), FAILED
 
 
 def not_given_back(what: str | None, row: Row, verdict: Verdict) -> str:
@@ -278,7 +279,7 @@ class _Changes:
             self.rows.update((row.pk, values) for row, values, _counted in staged)
 
 
-def release_spent_claims(now: dt.datetime, by: str = "") -> int:
+def release_spent_claims(by: str = "") -> int:
     """Claims of dead sweepers with no attempt left become failures a person can see, logged
     (`rows.release_spent_claims`, rule 20).
 
@@ -287,12 +288,13 @@ def release_spent_claims(now: dt.datetime, by: str = "") -> int:
     were released.
     """
     max_attempts = max_revert_attempts()
-    run_ids = rows.runs_with_spent_claims(now, max_attempts)
+    run_ids = rows.runs_with_spent_claims(max_attempts)
     if not run_ids:
         return 0
     with transaction.atomic():
         runs = lock_runs(run_ids)
-        released = rows.release_spent_claims(now, max_attempts)
+        now = clock.now()
+        released = rows.release_spent_claims(max_attempts)
         RunLog.objects.bulk_create(_expired_entries(released, now))
         Attempt.record(released, AttemptOutcome.EXPIRED, DEAD_CLAIM, by=by, at=now)
         write_statuses(runs, now)

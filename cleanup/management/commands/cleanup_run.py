@@ -44,7 +44,7 @@ class Command(EventCommand):
         if run is None:
             raise CommandError(f"there is no run {run_id}")
         if now and run.is_terminal:
-            ledger_rows.hurry(Resource.objects.filter(run=run), timezone.now(), max_revert_attempts())
+            ledger_rows.hurry(Resource.objects.filter(run=run), max_revert_attempts())
         try:
             if reset:
                 check_cleanup(run)  # a person's retry of a run that owes nothing changes nothing
