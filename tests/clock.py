@@ -10,15 +10,19 @@ whose clock had reached that moment. Outside a travel, statements go as they are
 
 import datetime as dt
 
+import pytest
 import time_machine
 from django.db.backends.signals import connection_created
 
 from cleanup import clock
 
+_following = {"on": True}
+
 
 def travelled(execute, sql, params, many, context):
     """An execute wrapper: the database's clock read as the travelled time while travelling."""
-    if isinstance(sql, str) and clock.SQL in sql and time_machine.escape_hatch.is_travelling():
+    following = _following["on"] and time_machine.escape_hatch.is_travelling()
+    if following and isinstance(sql, str) and clock.SQL in sql:
         at = dt.datetime.now(dt.UTC).isoformat()
         sql = sql.replace(clock.SQL, f"'{at}'::timestamptz")
     return execute(sql, params, many, context)
@@ -31,3 +35,27 @@ def follow(sender, connection, **kwargs):
 
 
 connection_created.connect(follow, dispatch_uid="tests.clock.follow")
+
+
+@pytest.fixture
+def clocks_apart():
+    """This worker's clock travels alone: the database keeps its own, as a worker machine
+    whose clock is off sees it. Answers a function that moves this worker's clock by a
+    number of seconds (from the real time) for the rest of the test."""
+    travels = []
+
+    def off_by(seconds):
+        for travel in travels:
+            travel.stop()
+        travels.clear()
+        travel = time_machine.travel(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds), tick=True)
+        travel.start()
+        travels.append(travel)
+
+    _following["on"] = False
+    try:
+        yield off_by
+    finally:
+        for travel in travels:
+            travel.stop()
+        _following["on"] = True

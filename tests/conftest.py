@@ -2,7 +2,7 @@ import pytest
 from django.conf import settings
 
 from cleanup import registry
-from tests import clock as _travelling_clock  # noqa: F401  (the database's clock follows time travel)
+from tests.clock import clocks_apart  # noqa: F401  (a fixture; the database's clock follows time travel)
 from tests.fakes import FakeAction, Scripted, despawner, spawner
 
 # A test that starts a sandbox shard process, through `tests.shard.shard_process` or a
