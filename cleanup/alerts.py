@@ -31,7 +31,7 @@ Stored text (a run's name, a ref, an error, a reason, who) reaches a mail or a w
 through `validation.one_line`, in the message as it is queued and again as a mail is
 written: a CR/LF or a bidirectional control stored before names were checked, or
 answered by a module, adds no header and no line, and reads as the escape it is.
-May import: the models, conf, `logs`, `validation` and the row owner's counts (`rows`); never
+May import: the models, conf, `clock`, `logs`, `validation` and the row owner's counts (`rows`); never
 the pass, which knows nothing of alerts.
 """
 
@@ -52,6 +52,7 @@ from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from . import clock
 from .conf import setting
 from .logs import about
 from .models import (
@@ -198,15 +199,16 @@ def describe(run: Run, event: str) -> dict[str, Any]:
 
 def deliver(limit: int = SENDS_PER_DELIVER) -> int:
     """Send the messages that are due, each claimed first; answers how many were sent."""
-    now = timezone.now()
-    free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
-    due = Alert.objects.filter(free, sent_at__isnull=True, next_attempt_at__lte=now)
+    # Claims and backoffs on the database's clock (`cleanup.clock`): two senders whose
+    # clocks disagree never send one message at once.
+    free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=clock.at())
+    due = Alert.objects.filter(free, sent_at__isnull=True, next_attempt_at__lte=clock.at())
     sent = 0
     stop_at = time.monotonic() + DELIVER_BUDGET_S
     for alert_id in list(due.order_by("next_attempt_at", "id").values_list("id", flat=True)[:limit]):
         if time.monotonic() > stop_at:
             break  # the rest waits for the next call
-        until = timezone.now() + timedelta(seconds=CLAIM_S)
+        until = clock.now() + timedelta(seconds=CLAIM_S)
         claimed = Alert.objects.filter(free, pk=alert_id, sent_at__isnull=True).update(
             claimed_until=until, attempts=F("attempts") + 1
         )
@@ -216,15 +218,13 @@ def deliver(limit: int = SENDS_PER_DELIVER) -> int:
         error = send(alert)
         mine = Alert.objects.filter(pk=alert_id, claimed_until=until)
         if error is None:
-            accepted = timezone.now()
+            accepted = clock.now()
             sent += mine.update(sent_at=accepted, claimed_until=None, last_error="")
             if alert.module_event_id is not None:
                 ModuleEvent.objects.filter(pk=alert.module_event_id, told_at__isnull=True).update(told_at=accepted)
         else:
             wait = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (alert.attempts - 1))
-            mine.update(
-                claimed_until=None, last_error=error[:2000], next_attempt_at=timezone.now() + timedelta(seconds=wait)
-            )
+            mine.update(claimed_until=None, last_error=error[:2000], next_attempt_at=clock.after(wait))
             logger.warning("alert %s (%s) not delivered, tried again in %s s: %s", alert_id, alert, wait, error)
     return sent
 

@@ -18,7 +18,7 @@ runner, which aborts them (`Renewal.abort`). A new session replaces the lapsed o
 A renewal is a module call like any other, under its budget and counted towards the
 backend's outage (`cleanup.outages.call`). ``EVENT_DEADMAN_TTL_S`` of 0 turns the switch
 off: no session is kept, renewed or sent, and modules work as without one.
-May import: the models, conf, `calls`, `registry`, `cleanup.rows`, `outages` and the pass's
+May import: the models, conf, `clock`, `calls`, `registry`, `cleanup.rows`, `outages` and the pass's
 `statuses`.
 """
 
@@ -37,7 +37,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import calls, outages, registry, rows
+from . import calls, clock, outages, registry, rows
 from .conf import setting
 from .models import (
     STEP_KIND,
@@ -134,7 +134,7 @@ def prepare(module: str | None, backend: str = "", now: datetime | None = None) 
     if not ttl or module is None or keepalive_of(module)[0] is None:
         return None
     switch = switch_of(module, backend)
-    if not due(switch, now or timezone.now(), ttl):
+    if not due(switch, now or clock.now(), ttl):
         return Renewal(switch=switch, renewed=True)
     return renew(switch)
 
@@ -171,7 +171,7 @@ def renew(switch: DeadmanSwitch, again: bool = True) -> Renewal:
         ttl_s=ttl,
     )
     reply = calls.classify_keepalive(answer, what)
-    now = timezone.now()
+    now = clock.now()
     if not reply.ok:
         DeadmanSwitch.objects.filter(pk=switch.pk, session=switch.session).update(
             last_error=reply.error[:2000], updated_at=now
@@ -197,7 +197,7 @@ def renew_due(now: datetime | None = None) -> list[Renewal]:
     ttl = ttl_s()
     if not ttl:
         return []
-    now = now or timezone.now()
+    now = now or clock.now()
     stale = Q(renewed_at__isnull=True) | Q(renewed_at__lte=now - renew_every(ttl)) | ~Q(ttl_s=ttl)
     answers = []
     for switch in DeadmanSwitch.objects.filter(stale).order_by("renewed_at", "id"):
@@ -215,7 +215,7 @@ def next_due(now: datetime | None = None) -> datetime | None:
     oldest = DeadmanSwitch.objects.order_by("renewed_at").values_list("renewed_at", flat=True).first()
     if oldest is None and not DeadmanSwitch.objects.exists():
         return None
-    return (oldest + renew_every(ttl)) if oldest is not None else (now or timezone.now())
+    return (oldest + renew_every(ttl)) if oldest is not None else (now or clock.now())
 
 
 # The keepalive schedule runs every minute, and django-q2's scheduler looks every 30 s.
@@ -234,7 +234,7 @@ def hold_loop(token: uuid.UUID, until: datetime, now: datetime | None = None) ->
     any. So at most one loop renews however many keepalive tasks start one, a loop that
     died is replaced once its hold runs out, and a renewal by somebody else (the tick, a
     reconcile) never stops the loop: it goes on to the session's next due time."""
-    now = now or timezone.now()
+    now = now or clock.now()
     free = Q(loop_until__isnull=True) | Q(loop_until__lt=now) | Q(loop_token=token)
     return DeadmanSwitch.objects.filter(free).update(loop_token=token, loop_until=until) > 0
 

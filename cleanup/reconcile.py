@@ -17,7 +17,7 @@ reconcile a person asks for as after a restart (`manage.py reconcile --restarted
 same way (`_pay`): one path for the tick's reconcile and a person's.
 Its first contact with a backend that keeps a dead-man's switch is a renewal (`deadman`,
 rule 34), so that what the switch gave back by itself is recorded as given back, not gone.
-May import: the models, conf, `calls`, `registry`, `cleanup.rows`, `outages`, `enqueue`, `deadman`, the pass's
+May import: the models, conf, `clock`, `calls`, `registry`, `cleanup.rows`, `outages`, `enqueue`, `deadman`, the pass's
 `leases` (rule 13) and `statuses`; never a surface.
 """
 
@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from . import calls, deadman, outages, registry, rows
+from . import calls, clock, deadman, outages, registry, rows
 from .conf import setting
 from .enqueue import queue_sweep
 from .models import (
@@ -221,7 +221,7 @@ def _resurrect(
     name: str, mine: Q, restarted_at: datetime | None = None, summary: ReconcileSummary | None = None
 ) -> int:
     """Rule 14: record again what a rolled-back backend brought back, to give it back."""
-    since = (restarted_at or timezone.now()) - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
+    since = (restarted_at or clock.now()) - timedelta(seconds=setting("EVENT_RECONCILE_LOOKBACK_S"))
     back: list[tuple[Resource, str]] = []  # (row, what)
     recent = _recent_reverts(mine, since).exclude(kind__in=(STEP_KIND, LEASE_KIND)).order_by("id")
     for group in _groups(recent):
@@ -250,7 +250,7 @@ def _resurrect(
         count += 1
         touched_runs.add(row.run_id)
     if touched_runs:
-        statuses.reopen(touched_runs, timezone.now())
+        statuses.reopen(touched_runs, clock.now())
     return count
 
 

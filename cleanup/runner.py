@@ -18,7 +18,7 @@ the next one, so waits end on time rather than at the minute tick.
 Before a step acts on a backend whose module has a dead-man's switch, the backend's session
 is renewed when due (`cleanup.deadman`, rule 34): a run its backend let go of is aborted
 with the switch's reason, and its later steps are not performed.
-May import: the pass (`cleanup.sweep`), `logs`, `ledger`, `outages`, `reconcile`, `calls`,
+May import: the pass (`cleanup.sweep`), `clock`, `logs`, `ledger`, `outages`, `reconcile`, `calls`,
 `registry` (and `envelopes`, its shapes), `validation`, `enqueue`, `wakeup`, `deadman`, the models and
 conf; never a surface.
 """
@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import calls, deadman, ledger, outages, reconcile, registry, tally, validation, wakeup
+from . import calls, clock, deadman, ledger, outages, reconcile, registry, tally, validation, wakeup
 from .conf import claim_timeout_s, setting
 from .enqueue import queue_cleanup, queue_tick
 from .envelopes import PerformAnswer
@@ -274,7 +274,7 @@ def start_run(name: object, steps: object, actor: str | None = None, quota: bool
         if quota:
             _check_quota(actor)
         # `validate_spec` refused a name that is not a string.
-        run = Run.objects.create(name=cast(str, name).strip(), wake_at=timezone.now(), started_by=actor or "")
+        run = Run.objects.create(name=cast(str, name).strip(), wake_at=clock.now(), started_by=actor or "")
         Step.objects.bulk_create(
             Step(
                 run=run,
@@ -300,7 +300,7 @@ def _end(run_id: int, status: str, kind: str, auto_cleanup: bool = True, **detai
     Every end queues the run's cleanup once it commits, unless a person keeps the rows
     (rule 1); the steps it leaves unfinished read `cancelled` (rule 33).
     """
-    now = timezone.now()
+    now = clock.now()
     with transaction.atomic():
         won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
             status=status, ended_at=now, wake_at=None, auto_cleanup=auto_cleanup, updated_at=now
@@ -343,11 +343,13 @@ class AdvanceResult:
     work_left: bool = False  # stopped at a bound: more runs or steps may be due
 
 
-def due_runs(now: dt.datetime, limit: int) -> list[int]:
+def due_runs(now: dt.datetime | None, limit: int) -> list[int]:
+    """Running runs due now (the database's clock when ``now`` is None) and claimed by no ticker."""
+    at = clock.at() if now is None else now
     return list(
         Run.objects.filter(status=RunStatus.RUNNING)
-        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
-        .filter(Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now))
+        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=at))
+        .filter(Q(claim_token__isnull=True) | Q(claim_expires_at__lt=at))
         .order_by(F("wake_at").asc(nulls_first=True), "id")
         .values_list("id", flat=True)[:limit]
     )
@@ -359,7 +361,7 @@ def advance(by: str = "tick", deadline: dt.datetime | None = None) -> AdvanceRes
     Past ``deadline`` no further step is started; the run stays due for the next tick.
     """
     limit = setting("EVENT_ADVANCE_RUN_BATCH")
-    ids = due_runs(timezone.now(), limit)
+    ids = due_runs(None, limit)
     result = AdvanceResult(work_left=len(ids) >= limit)
     for run_id in ids:
         if past(deadline):
@@ -387,19 +389,18 @@ class _Claim:
         self.token = uuid.uuid4()
 
     def take(self) -> int:
-        now = timezone.now()
+        """Claim the run if it is due and unclaimed, on the database's clock (rule 9)."""
         return Run.objects.filter(
-            Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now),
-            Q(wake_at__isnull=True) | Q(wake_at__lte=now),
+            Q(claim_token__isnull=True) | Q(claim_expires_at__lt=clock.at()),
+            Q(wake_at__isnull=True) | Q(wake_at__lte=clock.at()),
             pk=self.run_id,
             status=RunStatus.RUNNING,
-        ).update(claim_token=self.token, claim_expires_at=now + timedelta(seconds=claim_timeout_s()))
+        ).update(claim_token=self.token, claim_expires_at=clock.after(claim_timeout_s()))
 
     def renew(self) -> int:
         """Still ours, and the run still running? Renewing answers both."""
-        now = timezone.now()
         return Run.objects.filter(pk=self.run_id, claim_token=self.token, status=RunStatus.RUNNING).update(
-            claim_expires_at=now + timedelta(seconds=claim_timeout_s())
+            claim_expires_at=clock.after(claim_timeout_s())
         )
 
     def release(self, wake_at: dt.datetime | None = None) -> None:
@@ -423,7 +424,7 @@ def advance_run(run_id: int, deadline: dt.datetime | None = None) -> int | None:
                     run_id, RunStatus.COMPLETED, LogKind.RUN_COMPLETED, steps=Step.objects.filter(run_id=run_id).count()
                 )
                 break
-            now = timezone.now()
+            now = clock.now()
             if step.next_attempt_at and step.next_attempt_at > now:
                 wake_at = step.next_attempt_at
                 break
@@ -454,7 +455,7 @@ def advance_run(run_id: int, deadline: dt.datetime | None = None) -> int | None:
             break
     finally:
         claim.release(wake_at=wake_at)
-    if wake_at is not None and wake_at > timezone.now():
+    if wake_at is not None and wake_at > clock.now():
         wakeup.arm(wake_at)  # on time, not at the next minute tick
     return performed
 
@@ -497,7 +498,7 @@ def _wait_for_module(step: Step, until: dt.datetime) -> dt.datetime:
     """Hold the step while its module is down; say why once per outage. Answers ``until``."""
     health = outages.outage_of(_module_of(step), backend=step.backend)
     reason = health.waiting_text() if health else "waiting for its module to answer again"
-    since = health.down_since if health and health.down_since else timezone.now()
+    since = health.down_since if health and health.down_since else clock.now()
     # Its own field, never text in last_error, which keeps the step's own last error.
     first = Step.objects.filter(pk=step.pk).filter(Q(waiting_since__isnull=True) | ~Q(waiting_since=since)).exists()
     Step.objects.filter(pk=step.pk).update(waiting_since=since, next_attempt_at=until)
@@ -539,14 +540,14 @@ def _wait(step: Step, now: dt.datetime) -> dt.datetime | None:
 
 def _perform(step: Step) -> Literal[True] | dt.datetime | None:
     """One attempt at one step: True when done, else when to look at the run again."""
-    now = timezone.now()
+    now = clock.now()
     taken = Step.objects.filter(
         pk=step.pk, status__in=(StepStatus.PENDING, StepStatus.RUNNING), attempts=step.attempts
     ).update(
         status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None, waiting_since=None
     )
     if not taken:
-        return timezone.now()  # another ticker moved this step: look again
+        return clock.now()  # another ticker moved this step: look again
     step.refresh_from_db()
     if step.action_id == LEASE:
         performed = _perform_lease(step)
@@ -631,7 +632,7 @@ def _record_outcome(step: Step, performed: calls.Performed) -> Literal[True] | d
 
     What the attempt made is in the ledger either way (`_perform_action` recorded it).
     """
-    now = timezone.now()
+    now = clock.now()
     run = Run.objects.get(pk=step.run_id)
     ours = Step.objects.filter(pk=step.pk, status=StepStatus.RUNNING, attempts=step.attempts)
     if performed.ok:
@@ -753,12 +754,12 @@ def keep_alive_loop(
     while True:
         ttl = deadman.ttl_s()
         left = dt.timedelta(seconds=max(end - time.monotonic(), 0.0))
-        if not ttl or not deadman.hold_loop(token, timezone.now() + left + deadman.renew_every(ttl)):
+        if not ttl or not deadman.hold_loop(token, clock.now() + left + deadman.renew_every(ttl)):
             return False
         due = deadman.next_due()
         if due is None:
             return False
-        wait = max((due - timezone.now()).total_seconds(), 0.0)
+        wait = max((due - clock.now()).total_seconds(), 0.0)
         if time.monotonic() + wait > end:
             return True
         sleep(wait + 0.05)

@@ -28,7 +28,7 @@ due by then, and the next wake-up is armed instead.
 
 In django-q2's sync mode (the tests) a queued task runs in the caller, so there is no
 clock to wait on: nothing is armed.
-May import: the models, conf and `enqueue`; imported by the runner, `outages` and the tasks.
+May import: the models, conf, `clock`, `rows` and `enqueue`; imported by the runner, `outages` and the tasks.
 """
 
 import logging
@@ -38,9 +38,8 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Min, Q
-from django.utils import timezone
 
-from . import rows
+from . import clock, rows
 from .conf import WAKE_TIMER_MAX_S, max_revert_attempts
 from .enqueue import WAKE, enqueue
 from .models import Resource, Run, RunStatus, Wake
@@ -70,7 +69,7 @@ def clock_runs() -> bool:
 def next_due(now: datetime | None = None) -> datetime | None:
     """The earliest time after ``now`` at which the engine has work: a running run's
     ``wake_at``, or a ledger row the sweep would claim once its ``next_attempt_at`` passes."""
-    now = now or timezone.now()
+    now = now or clock.now()
     run_at: datetime | None = Run.objects.filter(status=RunStatus.RUNNING, wake_at__gt=now).aggregate(
         at=Min("wake_at")
     )["at"]
@@ -86,7 +85,7 @@ def due_by(at: datetime, now: datetime | None = None) -> bool:
     """Is any work due by ``at`` (or by now, when later)? A running run whose ``wake_at`` has
     come, or a ledger row the automatic sweep may claim. A wake-up for ``at`` whose work was
     made moot meanwhile (its rows forgiven or given back, its run cancelled) answers False."""
-    now = now or timezone.now()
+    now = now or clock.now()
     until = max(at, now)
     runs = Run.objects.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=until), status=RunStatus.RUNNING)
     ledger = Resource.objects.filter(rows.claimable(until, max_revert_attempts()) & rows.in_automatic_sweep())
@@ -97,7 +96,7 @@ def arm_next(now: datetime | None = None) -> datetime | None:
     """Arm the wake-up for the earliest work due after ``now`` (`next_due`); answers its time."""
     if not clock_runs():
         return None
-    now = now or timezone.now()
+    now = now or clock.now()
     at = next_due(now)
     if at is not None:
         arm(at, now)
@@ -109,7 +108,7 @@ def arm(at: datetime | None, now: datetime | None = None) -> str | None:
     when a wake-up at or before it is already armed (or there is no clock)."""
     if at is None or not clock_runs():
         return None
-    now = now or timezone.now()
+    now = now or clock.now()
     if at - now > timedelta(seconds=TIMER_MAX_S):
         return "scheduled" if _schedule(at) else None
     if not _take(at, now):
@@ -172,7 +171,7 @@ def hold(at: datetime) -> bool:
     """A wake task about to start its timer for ``at`` takes the `Wake` row, so that a tick
     that arms the same time meanwhile queues no second wake task (the schedule queues its
     task without the row)."""
-    return clock_runs() and _take(at, timezone.now())
+    return clock_runs() and _take(at, clock.now())
 
 
 def start_timer(seconds: float, then: Callable[[], None]) -> None:
@@ -196,7 +195,7 @@ def wait_for(at: datetime, now: datetime | None = None) -> float:
     """Start the timer that queues the wake task for ``at`` again once it is due (at most
     ``TIMER_MAX_S`` from now: a wake task fired early by the schedule waits again); answers
     the seconds it waits. Nothing here sleeps: the worker is free at once."""
-    now = now or timezone.now()
+    now = now or clock.now()
     seconds = min(TIMER_MAX_S, (at - now).total_seconds())
     hold(at)
 
@@ -212,7 +211,7 @@ def wait_for(at: datetime, now: datetime | None = None) -> float:
 
 def waits(at: datetime | None, now: datetime | None = None) -> bool:
     """Is ``at`` still ahead, so that its wake task starts a timer rather than ticking?"""
-    now = now or timezone.now()
+    now = now or clock.now()
     return at is not None and (at - now).total_seconds() > DUE_WITHIN_S
 
 
@@ -221,7 +220,7 @@ def wake(at: str | datetime | None, now: datetime | None = None) -> str | None:
     due, free the `Wake` row and answer None, for the caller to tick, or, when the work it
     was armed for is moot, arm the next wake-up and answer so (no tick)."""
     when = parse(at)
-    now = now or timezone.now()
+    now = now or clock.now()
     if when is not None and waits(when, now):
         seconds = wait_for(when, now)
         return f"wake at {when.isoformat()}: its timer goes off in {seconds:.1f} s"
