@@ -127,3 +127,17 @@ def test_a_predicate_on_the_databases_clock_needs_the_time_in_hand_to_judge_a_ro
     row = Resource(state=ResourceState.REVERTING, claim_expires_at=None)
     with pytest.raises(TypeError, match="time in hand"):
         rows.holds(row, rows.claim_live())
+
+
+@pytest.mark.django_db
+@override_settings(EVENT_CLAIM_TIMEOUT_S=20)
+def test_a_ticker_whose_clock_is_ahead_takes_no_run_another_ticker_holds(clocks_apart):
+    from cleanup import runner
+    from cleanup.models import RunStatus
+
+    run = make_run(status=RunStatus.RUNNING)
+    assert runner._Claim(run.pk).take() == 1
+    clocks_apart(SKEW_S)  # by this ticker's clock, the other's claim ran out 70 s ago
+
+    assert run.pk not in runner.due_runs(None, 10)
+    assert runner._Claim(run.pk).take() == 0
