@@ -171,6 +171,14 @@ def suspect() -> Q:
     return Q(state=ResourceState.REVERTING, claim_called=True) & (Q(revert_attempts__gte=2) | Q(claim_shared=True))
 
 
+def lone_suspect() -> Q:
+    """A suspect row whose dead claim was its group's alone, or that was taken over with
+    other suspects and died again: maybe its own call took the process down, so its group
+    is worked alone, one at a time, where its own call spends its attempt (rule 20). The
+    other suspects (their dead claim marked with a wave) are taken over together."""
+    return suspect() & (Q(claim_shared=False) | Q(claim_suspect=True))
+
+
 def backing_off(now: When | None, max_attempts: int) -> Q:
     """The sweep will try the row again, but not before its backoff has passed."""
     return attempts_left(max_attempts) & Q(next_attempt_at__gt=_at(now))
@@ -516,7 +524,9 @@ CLAIMED_COLUMNS = (
 )
 
 
-def claiming(where: str, where_params: Sequence[Any], token: uuid.UUID, called_together: str) -> Statement:
+def claiming(
+    where: str, where_params: Sequence[Any], token: uuid.UUID, called_together: str, suspects: str = "FALSE"
+) -> Statement:
     """The claim (rule 9), as a statement (SQL, params) that the pass sends as a part of its
     claim (`cleanup.sweep.statements.claim`, which chooses the groups in the same statement):
     the rows ``where`` selects become ``reverting``, stamped with ``token`` and an expiry on
@@ -532,11 +542,14 @@ def claiming(where: str, where_params: Sequence[Any], token: uuid.UUID, called_t
     with ``shared``), so no wave needs a statement of its own. A sweeper that dies holding
     them has spent none of their attempts (any of its calls may not have started), and each
     group is next called alone (rule 20).
+
+    ``suspects`` (SQL, a boolean): the claim takes a dead sweeper's suspects over together;
+    if it dies too, each of them is next taken over alone (`lone_suspect`).
     """
     meta = Resource._meta
     values: dict[str, Any] = {"state": ResourceState.REVERTING.value, "claim_token": token}
     quote = connection.ops.quote_name
-    names = (*values, "claim_expires_at", "updated_at", "claim_called", "claim_shared")
+    names = (*values, "claim_expires_at", "updated_at", "claim_called", "claim_shared", "claim_suspect")
     fields = {name: field_of(Resource, name) for name in names}
     sets = [f"{quote(column_of(fields[n]))} = %s" for n in values]
     params = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
@@ -546,6 +559,7 @@ def claiming(where: str, where_params: Sequence[Any], token: uuid.UUID, called_t
     ]
     params.append(float(claim_timeout_s()))
     sets += [f"{quote(column_of(fields[name]))} = {called_together}" for name in ("claim_called", "claim_shared")]
+    sets.append(f"{quote(column_of(fields['claim_suspect']))} = {suspects}")
     sql = (
         f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)}, revert_attempts = revert_attempts + {_SPENT} "
         f"WHERE {where} RETURNING {', '.join(quote(c) for c in CLAIMED_COLUMNS)}"

@@ -34,6 +34,7 @@ ROW_FIELDS = {
     "claim_expires_at",
     "claim_called",
     "claim_shared",
+    "claim_suspect",
 }
 # Columns whose comparison is a predicate of the row (the claim's expiry, the attempt ceiling).
 PREDICATE_FIELDS = {"claim_expires_at", "revert_attempts"}
@@ -44,7 +45,7 @@ OTHER_MODELS = {"Run", "ModuleHealth", "Step", "Wake", "Alert", "IdempotencyKey"
 OTHER_STATES = {"ModuleState", "StepStatus", "RunStatus"}
 WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_update"}
 SQL_SET = re.compile(
-    r"\bSET\b[^;]*?\b(state|revert_attempts|next_attempt_at|retryable|claim_token|claim_expires_at|claim_called|claim_shared|cleanup_status)\s*=",
+    r"\bSET\b[^;]*?\b(state|revert_attempts|next_attempt_at|retryable|claim_token|claim_expires_at|claim_called|claim_shared|claim_suspect|cleanup_status)\s*=",
     re.I | re.S,
 )
 
@@ -297,6 +298,7 @@ PREDICATES = {
     "claim expired": lambda now: rows.claim_expired(now),
     "spent dead claim": lambda now: rows.spent_dead_claim(now, CEILING),
     "suspect": lambda now: rows.suspect(),
+    "lone suspect": lambda now: rows.lone_suspect(),
     "held past its budget": lambda now: rows.held_past_budget(now),
     "owing": lambda now: rows.owing(),
 }

@@ -36,7 +36,8 @@ def test_the_first_waves_verdicts_are_written_while_the_last_wave_still_runs():
 
     def revert(*, run_id, resources, idempotency_key):
         ref = resources[0]["ref"]
-        if ref == "orc-2":  # the last wave: what would a kill now leave behind?
+        if ref == "orc-2":  # the last wave, a while after the others answered: what would a kill now leave?
+            time.sleep(0.5)
             seen.update(states_seen_from_another_connection(["orc-0", "orc-1"]))
         time.sleep(0.05)
         return {"ok": True}
@@ -90,15 +91,21 @@ def dead_sweepers_batch(run, groups):
 
 
 @override_settings(EVENT_CALL_CONCURRENCY=8)
-def test_a_dead_sweepers_shared_claim_is_taken_over_in_one_pass_each_group_called_alone():
+def test_a_dead_sweepers_shared_claim_is_taken_over_in_one_pass_its_groups_called_together():
     run = make_run()
     dead_sweepers_batch(run, groups=6)
     in_flight, most, lock = [0], [0], threading.Lock()
-    marks = []
+    claims_seen = []
 
     def revert(*, run_id, resources, idempotency_key):
-        # What a kill now would leave: each of these calls has spent its own attempt.
-        marks.append(set(Resource.objects.filter(ref=resources[0]["ref"]).values_list("claim_called", "claim_shared")))
+        # What a kill now would leave: suspects taken over together, marked with their wave.
+        claims_seen.append(
+            set(
+                Resource.objects.filter(ref=resources[0]["ref"]).values_list(
+                    "claim_called", "claim_shared", "claim_suspect"
+                )
+            )
+        )
         connections.close_all()
         with lock:
             in_flight[0] += 1
@@ -114,10 +121,29 @@ def test_a_dead_sweepers_shared_claim_is_taken_over_in_one_pass_each_group_calle
 
     assert result.summary.reverted == 6, "the dead sweeper's groups were taken over one a pass"
     assert set(Resource.objects.filter(run=run).values_list("state", flat=True)) == {ResourceState.REVERTED}
-    assert all(mark == {(True, False)} for mark in marks), marks
+    assert all(seen == {(True, True, True)} for seen in claims_seen), claims_seen
     assert most[0] > 1, "the suspects were called one after another, not concurrently"
-    # Each taken over from a claim marked with others: its attempt given back, one spent now.
+    # Each taken over from a claim marked with others: its attempt given back, none spent by the dead one.
     assert set(Resource.objects.filter(run=run).values_list("revert_attempts", flat=True)) == {1}
+
+
+@override_settings(EVENT_CALL_CONCURRENCY=8)
+def test_suspects_whose_takeover_died_too_are_worked_one_at_a_time_each_spending_its_own_attempt():
+    run = make_run()
+    dead_sweepers_batch(run, groups=3)
+    Resource.objects.filter(run=run).update(claim_suspect=True)  # the takeover of them died as well
+    revert = Scripted({"ok": True})
+    registry.register_action(FakeAction(revert=revert))
+
+    first = sweep()
+
+    assert first.summary.reverted == 1 and len(revert.calls) == 1, "a suspect that may be a pill was not alone"
+    [given_back] = Resource.objects.filter(run=run, state=ResourceState.REVERTED)
+    assert given_back.revert_attempts == 1 and not given_back.claim_shared
+    for _ in range(2):
+        sweep()
+    assert set(Resource.objects.filter(run=run).values_list("state", flat=True)) == {ResourceState.REVERTED}
+    assert len(revert.calls) == 3
 
 
 def terminate_own_connection():

@@ -158,14 +158,13 @@ def run_batch(
         _write(batch, verdicts.write_now, batch.token, some, summaries, by)
         called.extend(some)
 
-    # A claim of several groups marked them called together; a group claimed alone, or a
-    # suspect, is marked just before its call (rule 20).
+    # A claim of several groups marked them called together; a group claimed alone is
+    # marked just before its call (rule 20).
     rest = dispatch.call_groups(
         batch.others(),
         deadline,
         health,
         None if batch.called_together else batch.token,
-        alone=batch.alone,
         answered=answered,
         held_until=batch.held_until,
     )

@@ -77,9 +77,6 @@ class Batch:
     work_left: bool = False  # a run had more groups than one pass works
     # The claim marked its groups called together (`rows.claiming`): no wave is marked again.
     called_together: bool = False
-    # The groups are suspects (rule 20): each is marked called alone as its call starts,
-    # so that its own call spends its attempt; their calls still go concurrently.
-    alone: bool = False
     # When the claim runs out, on this process's monotonic clock, less a margin: a write
     # that lost its database is tried again until then (`reconnect`).
     held_until: float = field(default_factory=lambda: time.monotonic() + claim_timeout_s())
@@ -190,9 +187,7 @@ def claim(
         until = outages.waiting_until(module, backend=backend)
         outages.defer_waiting(module, until or clock.now(), run_ids=taken, backend=backend)
     together = bool(chosen) and bool(outcome[_AT["together"]])
-    return Batch(
-        token, chosen, work_left, called_together=together, alone=bool(outcome[_AT["alone"]]), held_until=held_until
-    )
+    return Batch(token, chosen, work_left, called_together=together, held_until=held_until)
 
 
 # Where the claim's answer has each of its columns (`statements.CLAIM_COLUMNS`); a row's
@@ -201,18 +196,15 @@ _AT = {name: i for i, name in enumerate(statements.CLAIM_COLUMNS)}
 _ROW_END = len(rows.CLAIMED_COLUMNS)
 
 
-def mark_called(token: uuid.UUID, groups: Sequence[Group], alone: bool = False) -> int:
+def mark_called(token: uuid.UUID, groups: Sequence[Group]) -> int:
     """Just before their calls: the groups' rows were called under this claim
-    (`rows.mark_called`), so that a sweeper killed in a call has spent its attempt.
-
-    Several groups are marked called together, unless ``alone``: suspects (rule 20), each
-    of which spends its own attempt however many calls start beside it."""
+    (`rows.mark_called`), so that a sweeper killed in a call has spent its attempt."""
     if not groups:
         return 0
     steps = [(g.key, g.backend) for g in groups if g.kind == "step"]
     singles = [g.key for g in groups if g.kind != "step"]
     where, params = statements.called_rows(token, steps, singles)
-    return rows.mark_called(where, params, shared=len(groups) > 1 and not alone)
+    return rows.mark_called(where, params, shared=len(groups) > 1)
 
 
 def _json(value: Any) -> dict[str, Any]:

@@ -117,18 +117,16 @@ def call_groups(
     health: outages.Snapshot | None = None,
     token: uuid.UUID | None = None,
     *,
-    alone: bool = False,
     answered: Callable[[list[Called]], object] | None = None,
     held_until: float | None = None,
 ) -> list[Called]:
     """Make the revert calls of step groups and loose rows; answers one `Called` per group.
 
     ``token`` is the claim's: each wave's rows are marked called just before its calls
-    start, each group as called alone with ``alone`` (suspects, rule 20). None when the
-    claim marked them already (`claims.claim`, several groups). ``answered`` is told of
-    the calls that answered as they answer, at most every `ANSWERS_EVERY_S` and before
-    each new wave, so that their verdicts are written while other calls still run; what
-    it was told of is not in the answer. ``held_until`` (monotonic) is when the claim
+    start. None when the claim marked them already (`claims.claim`, several groups). ``answered`` is told of
+    the calls that answered as they answer, every `ANSWERS_EVERY_S`, so that their
+    verdicts are written while other calls still run; what it was told of is not in the
+    answer. ``held_until`` (monotonic) is when the claim
     runs out: a mark that lost its database is tried again until then.
     """
     results: list[Called] = []
@@ -141,10 +139,7 @@ def call_groups(
         else:
             jobs.append(prepared)
     flight = _Flight(setting("EVENT_CALL_CONCURRENCY"), deadline, health or outages.Snapshot())
-    flight.alone, flight.held_until = alone, held_until
-    if answered is not None and results:
-        answered(results)  # no call to wait for: written with the first answers
-        results = []
+    flight.held_until = held_until
     results.extend(_run_concurrently(jobs, flight, token, answered))
     return results
 
@@ -237,8 +232,8 @@ def module_limit(entry: object) -> int:
     return min(limit, own) if isinstance(own, int) and own > 0 else limit
 
 
-# Answers are handed on for their verdicts at most this often (and before each new wave).
-ANSWERS_EVERY_S = 0.2
+# The answers in hand are handed on for their verdicts this often while calls run.
+ANSWERS_EVERY_S = 0.1
 
 
 def _run_concurrently(
@@ -252,15 +247,16 @@ def _run_concurrently(
 
     The calls that can start together start as one wave, their rows marked called by one
     statement first (`claims.mark_called`). The answers in hand are handed to ``answered``
-    before a new wave starts, and every `ANSWERS_EVERY_S` while calls run, so a sweeper
-    killed mid-batch has written the verdicts of all but its last moment's answers.
+    every `ANSWERS_EVERY_S` while calls run, so a sweeper killed mid-batch has written the
+    verdicts of all but its last moment's answers; a batch that answers within that time
+    writes them all at once, at its end.
     """
     pending = list(jobs)
     told, told_at = 0, time.monotonic()
     while pending or flight.calls:
         flight.land()
         fresh = len(flight.results) - told
-        due = time.monotonic() - told_at >= ANSWERS_EVERY_S or (pending and not flight.calls)
+        due = time.monotonic() - told_at >= ANSWERS_EVERY_S
         if answered is not None and fresh and due:
             answered(flight.results[told:])
             told, told_at = len(flight.results), time.monotonic()
@@ -287,7 +283,6 @@ class _Flight:
         self.per_module: Counter[tuple[str, str]] = Counter()
         self.results: list[Called] = []
         self.woken = threading.Event()
-        self.alone = False  # each group is marked called alone (suspects, rule 20)
         self.held_until: float | None = None  # when the claim runs out (monotonic)
 
     def has_room(self) -> bool:
@@ -327,7 +322,7 @@ class _Flight:
     def _start_marked(self, wave: list[_Job], token: uuid.UUID | None, turn_taken: bool = False) -> None:
         if not wave:
             return
-        if token is not None and not _mark(token, wave, self.alone, self.held_until):
+        if token is not None and not _mark(token, wave, self.held_until):
             for job in wave:  # not called: their attempts are given back with the verdicts
                 self.per_module[job.module, job.backend] -= 1
                 self.results.append(Called(job.group, None, job.what))
@@ -366,14 +361,14 @@ class _Flight:
             self.woken.wait(max(0.0, soonest - time.monotonic()))
 
 
-def _mark(token: uuid.UUID, wave: Sequence[_Job], alone: bool = False, held_until: float | None = None) -> bool:
+def _mark(token: uuid.UUID, wave: Sequence[_Job], held_until: float | None = None) -> bool:
     """Mark a wave called before it starts, again on a new connection while the database
     is lost and the claim holds (`reconnect`); answers False when it could not be marked,
     and then nothing is called."""
     groups = [job.group for job in wave]
     until = time.monotonic() + 1.0 if held_until is None else held_until
     try:
-        retried(mark_called, token, groups, alone, until=until, what="marking calls as started")
+        retried(mark_called, token, groups, until=until, what="marking calls as started")
         return True
     except DatabaseError as error:
         if lost(error):

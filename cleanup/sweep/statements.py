@@ -69,6 +69,11 @@ def suspect(alias: str) -> tuple[str, tuple[Any, ...]]:
 
 
 @functools.lru_cache(maxsize=16)
+def lone_suspect(alias: str) -> tuple[str, tuple[Any, ...]]:
+    return where(Resource.objects.filter(rows.lone_suspect()))
+
+
+@functools.lru_cache(maxsize=16)
 def finder(alias: str, max_attempts: int) -> tuple[str, tuple[Any, ...]]:
     """The finder's skip scan of ``finder_owing_run_idx``; params end with the limit.
 
@@ -141,8 +146,9 @@ def _taking(run_ids: Sequence[int], max_attempts: int, skip_locked: bool, limit:
 # What the claim reads of each claimable group (`_heads`): one row per group, each group
 # given back by one call (rule 3). A lease row and a loose row (no step) are groups of
 # their own (``alone`` is their id); a step's other rows are one group per backend that
-# holds them. ``suspect``: a row of the group was taken
-# over from a sweeper that died holding it after an earlier attempt.
+# holds them. ``suspect``: a row of the group was taken over from a sweeper that died
+# holding it after an earlier attempt, or in a wave of calls (`rows.suspect`); ``lone``: one
+# that must be worked alone (`rows.lone_suspect`).
 HEAD_COLUMNS = (
     "run_id",
     "step_id",
@@ -154,6 +160,7 @@ HEAD_COLUMNS = (
     "first",
     "lease",
     "suspect",
+    "lone",
 )
 
 
@@ -161,17 +168,19 @@ def _heads(ids_sql: str, ids_params: Sequence[Any], max_attempts: int) -> tuple[
     resource, _, step = names()
     claimable_sql, claimable_params = claimable(connection.alias, max_attempts)
     suspect_sql, suspect_params = suspect(connection.alias)
+    lone_sql, lone_params = lone_suspect(connection.alias)
     r = resource
     alone = f"CASE WHEN ({r}.kind = %s OR {r}.step_id IS NULL) THEN {r}.id ELSE 0 END"
     sql = (
         f"SELECT {r}.run_id, {r}.step_id, {alone}, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend, "
         f"MIN({r}.id) AS first, MAX(CASE WHEN {r}.kind = %s THEN 1 ELSE 0 END), "
-        f"MAX(CASE WHEN ({suspect_sql}) THEN 1 ELSE 0 END) "
+        f"MAX(CASE WHEN ({suspect_sql}) THEN 1 ELSE 0 END), "
+        f"MAX(CASE WHEN ({lone_sql}) THEN 1 ELSE 0 END) "
         f"FROM {r} LEFT OUTER JOIN {step} ON {step}.id = {r}.step_id "
         f"WHERE {ids_sql} AND {claimable_sql} "
         f"GROUP BY {r}.run_id, {r}.step_id, 3, {step}.action_id, {step}.idempotency_key, {r}.module, {r}.backend"
     )
-    return sql, [LEASE_KIND, LEASE_KIND, *suspect_params, *ids_params, *claimable_params]
+    return sql, [LEASE_KIND, LEASE_KIND, *suspect_params, *lone_params, *ids_params, *claimable_params]
 
 
 # What the pass's claim answers of each row it took (`rows.CLAIMED_COLUMNS`), then of the
@@ -187,7 +196,6 @@ CLAIM_COLUMNS = (
     "taken",
     "work_left",
     "together",
-    "alone",
 )
 
 
@@ -210,11 +218,11 @@ def claim(
 
     The choice: groups of a backend in ``down`` wait, but for the first group of each
     backend in ``canaries`` (rule 21);
-    the suspect groups, up to ``per_run`` of each run, are claimed by themselves and each is
-    called alone (rule 20: ``alone``, marked one by one as their calls start, concurrently);
-    else the first ``per_run`` groups of each run, leases first, then steps, then loose rows,
-    each kind in ledger order (rules 8, 13). Several groups are marked called together
-    (``together``, rule 20).
+    the first group that must be worked alone (``lone``) is claimed alone; else the suspect
+    groups, up to ``per_run`` of each run, are taken over together, by themselves (rule 20:
+    if this claim dies too, each is next worked alone); else the first ``per_run`` groups of
+    each run, leases first, then steps, then loose rows, each kind in ledger order (rules
+    8, 13). Several groups are marked called together (``together``, rule 20).
 
     The runs' locks are held to the statement's end, as a transaction's were: the heads are
     read on the snapshot the statement began with, and the claim takes only rows still
@@ -247,11 +255,14 @@ def claim(
             FROM heads h
         ),
         open AS (SELECT * FROM seen WHERE NOT down OR (canary AND nth_of_backend = 1)),
+        lonely AS (SELECT *, 1 AS nth FROM open WHERE lone = 1 ORDER BY run_id, first LIMIT 1),
         suspects AS (
+            SELECT * FROM lonely
+            UNION ALL
             SELECT {", ".join(HEAD_COLUMNS)}, down, canary, nth_of_backend, nth FROM (
                 SELECT o.*, ROW_NUMBER() OVER (PARTITION BY o.run_id ORDER BY o.first) AS nth
                 FROM open o WHERE o.suspect = 1
-            ) AS s WHERE s.nth <= %s
+            ) AS s WHERE s.nth <= %s AND NOT EXISTS (SELECT 1 FROM lonely)
         ),
         ranked AS (
             SELECT c.*, ROW_NUMBER() OVER (PARTITION BY c.run_id ORDER BY {kind}, c.first) AS nth
@@ -277,7 +288,8 @@ def claim(
         f"{where} AND {claimable_sql}",
         [lease, *claimable_params],
         token,
-        called_together="((SELECT COUNT(*) > 1 FROM chosen) AND NOT EXISTS (SELECT 1 FROM suspects))",
+        called_together="(SELECT COUNT(*) > 1 FROM chosen)",
+        suspects="(EXISTS (SELECT 1 FROM suspects) AND NOT EXISTS (SELECT 1 FROM lonely))",
     )
     returned = ", ".join(f"c.{c}" for c in rows.CLAIMED_COLUMNS)
     own = ["NULL"] * len(rows.CLAIMED_COLUMNS)
@@ -287,19 +299,17 @@ def claim(
     sql = f"""WITH {choosing},
         claimed AS ({claim_sql})
         SELECT {returned}, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint,
-               NULL::bigint[], NULL::boolean, NULL::boolean, NULL::boolean
+               NULL::bigint[], NULL::boolean, NULL::boolean
         FROM claimed c
         UNION ALL
         SELECT {", ".join(group)}, CASE WHEN h.lease = 1 THEN 'lease' WHEN h.alone <> 0 THEN 'row' ELSE 'step' END,
                CASE WHEN h.alone <> 0 THEN h.alone ELSE h.step_id END,
-               h.action_id, h.step_key, h.module, h.nth, NULL, NULL, NULL, NULL
+               h.action_id, h.step_key, h.module, h.nth, NULL, NULL, NULL
         FROM chosen h
         UNION ALL
         SELECT {", ".join(own)}, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT ARRAY_AGG(id) FROM taken),
-               EXISTS (SELECT 1 FROM ranked WHERE nth > %s)
-               OR (EXISTS (SELECT 1 FROM suspects) AND EXISTS (SELECT 1 FROM ranked WHERE suspect = 0)),
-               (SELECT COUNT(*) > 1 FROM chosen) AND NOT EXISTS (SELECT 1 FROM suspects),
-               EXISTS (SELECT 1 FROM suspects)"""
+               (SELECT COUNT(*) FROM open) > (SELECT COUNT(*) FROM chosen),
+               (SELECT COUNT(*) > 1 FROM chosen)"""
     params = [
         *taking_params,
         *heads_params,
@@ -308,7 +318,6 @@ def claim(
         per_run,
         per_run,
         *claim_params,
-        per_run,
     ]
     rows.taking(rows.RUNS)
     rows.taking(rows.LEDGER)

@@ -62,12 +62,13 @@ class Workers:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def start(self, *args, module="tests.reliability.sweeper", **env):
+    def start(self, *args, module="tests.reliability.sweeper", wrap=(), **env):
+        """Start ``python -m module *args``; ``wrap`` is a command put before it (`faketime`)."""
         # Output goes to a file: a pipe nobody reads fills up and blocks a chatty cluster.
         log = self.calls.with_name(f"process-{len(self.procs)}.log")
         with open(log, "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                [*wrap, sys.executable, "-m", module, *args],
                 cwd=settings.BASE_DIR,
                 env=self.env(**env),
                 stdout=out,
@@ -83,10 +84,18 @@ class Workers:
         """The last lines a process wrote, to explain its end."""
         return "\n".join(proc.log.read_text().splitlines()[-30:])
 
-    def sweeper(self, *args, halt=None, **env):
+    def sweeper(self, *args, halt=None, wrap=(), **env):
         if halt:
             env["RELIABILITY_HALT"] = halt
-        return self.start(*args, **env)
+        return self.start(*args, wrap=wrap, **env)
+
+    def killed(self, proc):
+        """SIGKILL ``proc`` from outside; answers the moment, which is also when its calls ended."""
+        os.kill(proc.pid, signal.SIGKILL)
+        at = time.time()
+        self.died[proc.pid] = at
+        self.wait(proc, timeout=10)
+        return at
 
     def alive(self, proc):
         if proc.poll() is None:
@@ -133,9 +142,9 @@ class Workers:
                 continue
             event = json.loads(line)
             if event["ev"] == "start":
-                calls[event["id"]] = {**event, "start": event["t"], "end": None}
+                calls[event["id"]] = {**event, "start": event["t"], "end": None, "ok": None}
             else:
-                calls[event["id"]]["end"] = event["t"]
+                calls[event["id"]].update(end=event["t"], ok=event.get("ok"))
         return list(calls.values())
 
     def overlaps(self, verbs=("revert", "restore")):
@@ -168,6 +177,42 @@ class Workers:
                 for ref in call["refs"]:
                     counts[ref] += 1
         return counts
+
+    def given_back_per_ref(self, verbs=("revert", "restore")):
+        """How many calls answered success for each ref: a ref with two was given back twice."""
+        counts = defaultdict(int)
+        for call in self.read_calls():
+            if call["verb"] in verbs and call["ok"]:
+                for ref in call["refs"]:
+                    counts[ref] += 1
+        return counts
+
+    def given_back_twice(self, verbs=("revert", "restore")):
+        return sorted(ref for ref, n in self.given_back_per_ref(verbs).items() if n > 1)
+
+
+FAKETIME = "/usr/bin/faketime"
+
+
+def faketime(offset_s):
+    """The command and environment that run a process with its wall clock ``offset_s`` off.
+
+    Debian's libfaketime fakes CLOCK_MONOTONIC too by default, and then a timed wait of
+    Python's (a lock, an Event, the engine's wait on its thread pool under a deadline)
+    computes its deadline on the faked clock and hands it to a wait that does not keep
+    it: here a plain ``Event().wait(1)`` did not return for minutes, 90 s ahead or behind,
+    so the engine's wait on its pool would return only when a call ends.
+    ``DONT_FAKE_MONOTONIC=1`` leaves CLOCK_MONOTONIC real, which is also what a machine
+    whose NTP is off looks like: its wall clock is wrong, its monotonic clock ticks true.
+    ``FAKETIME_NO_CACHE=1`` alone did not help (the wait still hung 90 s behind), and a
+    fixed offset needs no re-reading of its spec, so it is not set.
+    With it left real, though, ``time.sleep`` fails (EINVAL), so a sweeper that sees
+    ``RELIABILITY_CLOCK_OFFSET`` sleeps by timed waits (`sweeper`), and the recording module
+    subtracts the offset to write true times for its calls.
+    """
+    if not os.path.exists(FAKETIME):
+        pytest.skip(f"needs {FAKETIME} (apt-get install faketime)")
+    return [FAKETIME, "-f", f"{offset_s:+d}s"], {"DONT_FAKE_MONOTONIC": "1", "RELIABILITY_CLOCK_OFFSET": str(offset_s)}
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@
 Refs choose the behaviour of a revert, as a poison pill would: ``raise-…`` raises,
 ``hang-…`` never answers, ``kill-…`` kills its own process, ``fail-…`` answers a
 retryable refusal. ``RELIABILITY_ANSWER=error`` makes every call refuse (a stale
-sweeper's answer); ``RELIABILITY_DELAY`` is how long a call takes.
+sweeper's answer); ``RELIABILITY_DELAY`` is how long a call takes, in seconds: a number,
+or ``LOW-HIGH`` for a time drawn at random between them for each call.
 """
 
 import fcntl
 import json
 import os
+import random
 import signal
 import time
 import uuid
@@ -16,6 +18,12 @@ import uuid
 from cleanup import registry
 
 from . import halt
+
+
+def _now():
+    """The true time: a process under faketime says by ``RELIABILITY_CLOCK_OFFSET`` how far
+    off its clock is, so that its calls compare with other processes' calls."""
+    return time.time() - float(os.environ.get("RELIABILITY_CLOCK_OFFSET", "0"))
 
 
 def _append(line):
@@ -37,14 +45,20 @@ class Call:
                 "refs": refs,
                 "pid": os.getpid(),
                 "cluster": os.environ.get("RELIABILITY_CLUSTER"),
-                "t": time.time(),
+                "t": _now(),
             }
         )
 
     def end(self, answer):
-        _append({"ev": "end", "id": self.id, "pid": os.getpid(), "t": time.time(), "ok": answer.get("ok") is True})
+        _append({"ev": "end", "id": self.id, "pid": os.getpid(), "t": _now(), "ok": answer.get("ok") is True})
         halt.answered()
         return answer
+
+
+def _delay():
+    raw = os.environ.get("RELIABILITY_DELAY", "0.005")
+    low, _, high = raw.partition("-")
+    return random.uniform(float(low), float(high)) if high else float(low)
 
 
 def _behave(refs):
@@ -53,7 +67,7 @@ def _behave(refs):
         os.kill(os.getpid(), signal.SIGKILL)
     if any(r.startswith("hang-") for r in refs):
         time.sleep(3600)
-    time.sleep(float(os.environ.get("RELIABILITY_DELAY", "0.005")))
+    time.sleep(_delay())
     if any(r.startswith("raise-") for r in refs):
         raise RuntimeError("poison: the shard blew up")
     if os.environ.get("RELIABILITY_ANSWER") == "error" or any(r.startswith("fail-") for r in refs):
@@ -68,7 +82,7 @@ class Spawn(registry.Action):
     def perform(self, *, run_id, step_id, params, idempotency_key):
         refs = [f"{params.get('prefix', 'orc')}-{idempotency_key}-{i}" for i in range(params.get("count", 1))]
         call = Call("perform", idempotency_key, refs)
-        time.sleep(float(os.environ.get("RELIABILITY_DELAY", "0.005")))
+        time.sleep(_delay())
         return call.end({"ok": True, "resources": [{"kind": "creature", "ref": ref} for ref in refs]})
 
     def revert(self, *, run_id, resources, idempotency_key):
