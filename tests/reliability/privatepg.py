@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-PG_BIN = Path(os.environ.get("RELIABILITY_PG_BIN", "/usr/lib/postgresql/15/bin"))
+def _server_bin():
+    """The newest PostgreSQL server's binaries Debian installed, or ``RELIABILITY_PG_BIN``."""
+    given = os.environ.get("RELIABILITY_PG_BIN")
+    if given:
+        return Path(given)
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _server_bin()
 USER = "postgres"
 
 
