@@ -288,7 +288,9 @@ class Resource(models.Model):
     # Rule 20: the claim took the row's group over as a suspect, with the other suspects of
     # a dead sweeper's claim, called together. When this claim dies too, a call among them
     # may take its process down: its suspects are next taken over one at a time, alone.
-    claim_suspect = models.BooleanField(default=False, editable=False)
+    # A database default too: a worker of the version before, still running while the
+    # migration is applied, inserts rows without it.
+    claim_suspect = models.BooleanField(default=False, db_default=False, editable=False)
     # Rule 14: the row this one records again after a backend rolled back to a save.
     # One resurrection per row: two reconciles racing over the same restart cannot both
     # record it again.

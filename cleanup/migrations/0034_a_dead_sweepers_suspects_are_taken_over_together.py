@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="resource",
             name="claim_suspect",
-            field=models.BooleanField(default=False, editable=False),
+            field=models.BooleanField(db_default=False, default=False, editable=False),
         ),
     ]
