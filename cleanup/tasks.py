@@ -14,9 +14,9 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from . import counters
 
@@ -48,13 +48,25 @@ logger = logging.getLogger(__name__)
 
 def task(fn: Callable[P, R]) -> Callable[P, R]:
     """A django-q2 entry point: what it logs says which task it was (`cleanup.logs`), and
-    what it counted is written for the metrics when it ends (`cleanup.counters`)."""
+    what it counted is written for the metrics when it ends (`cleanup.counters`).
+
+    A task that lost its database (a restart, a failover) ends with one line, not a
+    traceback (rule 27): what it was doing is in the database, and the next tick or pass
+    goes on with it; the outage is logged once (`cleanup.sweep.reconnect`)."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             with log_context(task=fn.__name__):
                 return fn(*args, **kwargs)
+        except DatabaseError as error:
+            from .sweep import reconnect
+
+            if not reconnect.lost(error):
+                raise
+            reconnect.note_lost(error, fn.__name__)
+            connection.close()
+            return cast(R, f"{fn.__name__}: the database was lost; the next tick or pass goes on")
         finally:
             counters.flush()  # what the task counted, for the metrics
 

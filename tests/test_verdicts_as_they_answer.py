@@ -19,6 +19,12 @@ from tests.fakes import FakeAction, Scripted, make_rows, make_run, make_step
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def no_outage_yet(monkeypatch):
+    """Each test starts with no database outage known to this process (`reconnect`)."""
+    monkeypatch.setitem(reconnect._outage, "since", None)
+
+
 def states_seen_from_another_connection(refs):
     """The rows' states as every other sweeper sees them: what was committed."""
     try:
@@ -225,3 +231,17 @@ def test_a_pass_whose_database_stays_away_ends_quietly_with_work_left(monkeypatc
     result = sweep()
 
     assert result.work_left and result.runs == 0
+
+
+def test_a_task_that_lost_its_database_ends_with_a_line_not_a_traceback(monkeypatch, caplog):
+    from cleanup import runner, tasks
+
+    def tick(**kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(runner, "tick", tick)
+
+    line = tasks.tick_task()
+
+    assert "the database was lost" in line
+    assert [r for r in caplog.records if "connection was lost" in r.getMessage()]

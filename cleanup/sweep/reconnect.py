@@ -68,6 +68,12 @@ def _in_transaction() -> bool:
     return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
 
+def note_lost(error: BaseException, what: str = "") -> None:
+    """A caller outside a pass met a lost connection: logged once for the outage, like the
+    pass's own (the next statement that answers ends it)."""
+    _lost(error, what)
+
+
 def _lost(error: BaseException, what: str) -> None:
     if _outage["since"] is None:
         _outage["since"] = time.monotonic()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+
 def _server_bin():
     """The newest PostgreSQL server's binaries Debian installed, or ``RELIABILITY_PG_BIN``."""
     given = os.environ.get("RELIABILITY_PG_BIN")
