@@ -12,7 +12,7 @@ deleted with everything they own, table by table, in a fixed number of statement
 
 The modules' log and the sent alerts outside the window are deleted the same way; the
 tasks' results are bounded by django-q2 itself (``save_limit`` in the site's settings).
-May import: conf, the models and `rows` (a row's history).
+May import: conf, the models, `clock` and `rows` (a row's history).
 """
 
 import datetime as dt
@@ -29,9 +29,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.forms.models import model_to_dict
-from django.utils import timezone
 
-from . import rows
+from . import clock, rows
 from .conf import setting
 from .models import (
     TERMINAL,
@@ -84,7 +83,7 @@ def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime | None:
     """The moment before which a run's end is old enough, or None when ``days`` keeps everything."""
     if not days:
         return None
-    return (now or timezone.now()) - timedelta(days=days)
+    return (now or clock.now()) - timedelta(days=days)
 
 
 def prunable_runs(cutoff: dt.datetime) -> QuerySet[Run]:

@@ -123,10 +123,10 @@ def call_groups(
     """Make the revert calls of step groups and loose rows; answers one `Called` per group.
 
     ``token`` is the claim's: each wave's rows are marked called just before its calls
-    start. None when the claim marked them already (`claims.claim`, several groups). ``answered`` is told of
-    the calls that answered as they answer, every `ANSWERS_EVERY_S`, so that their
-    verdicts are written while other calls still run; what it was told of is not in the
-    answer. ``held_until`` (monotonic) is when the claim
+    start. None when the claim marked them already (`claims.claim`, several groups).
+    ``answered`` is told of the calls that answered as they answer, every
+    `ANSWERS_EVERY_S`, so that their verdicts are written while other calls still run;
+    what it was told of is not in the answer. ``held_until`` (monotonic) is when the claim
     runs out: a mark that lost its database is tried again until then.
     """
     results: list[Called] = []
