@@ -21,6 +21,15 @@ class CleanupConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from .checks import check_database_is_postgresql
+
+        # PostgreSQL only (cleanup.E020), refused here, before any connection is made: every
+        # command, `migrate` included, ends with the check's message and no traceback
+        # (`manage.py` prints an ImproperlyConfigured as one line).
+        for refused in check_database_is_postgresql():
+            raise ImproperlyConfigured(f"{refused.msg} {refused.hint} ({refused.id})")
         from django.contrib.auth import get_user_model
         from django.contrib.auth.signals import user_logged_in
         from django.core.signals import request_finished

@@ -233,7 +233,7 @@ def module_limit(entry: object) -> int:
 
 
 # The answers in hand are handed on for their verdicts this often while calls run.
-ANSWERS_EVERY_S = 0.1
+ANSWERS_EVERY_S = 0.02
 
 
 def _run_concurrently(
