@@ -93,8 +93,6 @@ def _prepares(wrapper: Any) -> bool:
     """Prepare on this connection? Not behind a transaction pooler, and not where Django's
     own cursors bind on the server (``server_side_binding``): there the session setting
     below would give every ORM query a generic plan too."""
-    if getattr(wrapper, "vendor", "") != "postgresql":
-        return False  # refused at start-up anyway (cleanup.E020)
     settings_dict = wrapper.settings_dict
     return not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and not (settings_dict.get("OPTIONS") or {}).get(
         "server_side_binding"
