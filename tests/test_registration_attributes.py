@@ -20,29 +20,20 @@ from cleanup.runner import cancel_run, start_run, tick
 from cleanup.sweep import sweep
 from cleanup.testing.backends import health_of
 
-ACTION_OPTIONAL = (
-    "budget_ms",
-    "max_concurrency",
-    "max_rate",
-    "max_burst",
-    "revert",
-    "reconcile",
-    "validate",
-    "health",
-    "backend_of",
-    "keepalive",
-)
-LEASE_OPTIONAL = (
-    "budget_ms",
-    "max_concurrency",
-    "max_rate",
-    "max_burst",
-    "value_type",
-    "validate",
-    "health",
-    "backend_of",
-    "keepalive",
-)
+
+def declared(cls, required):
+    """The optional attributes of an entry: what the public class declares besides the
+    required ones, and the dead-man's switch's ``keepalive`` (docs/modules.md)."""
+    return tuple(sorted({n for n in vars(cls) if not n.startswith("_")} - set(required) | {"keepalive"}))
+
+
+ACTION_OPTIONAL = declared(registry.Action, registry.ACTION_REQUIRED)
+LEASE_OPTIONAL = declared(registry.Lease, registry.LEASE_REQUIRED)
+
+
+def test_the_registry_fills_in_every_optional_attribute_the_public_classes_declare():
+    assert set(registry.ACTION_OPTIONAL) == set(ACTION_OPTIONAL)
+    assert set(registry.LEASE_OPTIONAL) == set(LEASE_OPTIONAL)
 
 
 class PlainSpawn:

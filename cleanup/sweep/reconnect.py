@@ -90,8 +90,3 @@ def _answered() -> None:
     if since is not None:
         _outage["since"] = None
         logger.warning("the database answers again, after %.1f s", time.monotonic() - since)
-
-
-def waiting() -> bool:
-    """Is this process waiting for its database right now (an outage not yet over)?"""
-    return _outage["since"] is not None
